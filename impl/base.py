@@ -1,0 +1,248 @@
+"""Base class of the token-to-KV-pool allocators.
+
+Free list, staging and free groups live here, shared by the token and paged
+allocators; a free list holds page ids (for page_size 1 a page is a slot).
+
+Cost model. A call must cost O(slots it touches), never O(pool):
+
+- ``alloc`` takes a slice view off the front of ``free_pages``: no copy.
+- ``free`` appends the released page ids, as one small tensor, to a staging
+  list (``_staged``): no concatenation with the free list.
+- Only when an allocation finds ``free_pages`` too short are the staged
+  chunks merged into it (and sorted when ``need_sort``). At that moment the
+  free list is shorter than the request, so a merge costs the request plus
+  what was staged since the last merge: each released page is merged once.
+
+Reuse order follows from that and is the same on every device: pages go out
+in free-list order; released pages come back at the next merge, behind what
+is left (need_sort=False) or sorted together with it (need_sort=True).
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Optional
+
+import torch
+
+
+def _check_page_aligned(start_pos: int, page_size: int) -> None:
+    if int(start_pos) % page_size != 0:
+        raise ValueError(
+            f"free_segment start_pos={start_pos} is not aligned to "
+            f"page_size={page_size}; pass a start that is a multiple of the "
+            "page size (the segment's end may sit mid-page)"
+        )
+
+
+class BaseTokenToKVPoolAllocator(abc.ABC):
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        device,
+        kvcache,
+        need_sort: bool,
+    ):
+        self.size = size
+        self.page_size = page_size
+        self.dtype = dtype
+        self.device = device
+        self._kvcache = kvcache
+        self.need_sort = need_sort
+        self.debug_mode = False
+
+        self.free_pages: Optional[torch.Tensor] = None
+        self._staged: list[torch.Tensor] = []
+        self._num_staged = 0
+        # None: a free releases at once. A list: frees wait for free_group_end.
+        self.free_group: Optional[list] = None
+
+    # ------------------------------------------------------------ sizes
+
+    @property
+    def size_full(self):
+        return self.size
+
+    def available_size(self) -> int:
+        if self.free_pages is None:
+            return 0
+        return (len(self.free_pages) + self._num_staged) * self.page_size
+
+    def get_kvcache(self):
+        return self._kvcache
+
+    def debug_print(self) -> str:
+        return ""
+
+    # ------------------------------------------------------------ free list
+
+    @property
+    def release_pages(self) -> Optional[torch.Tensor]:
+        """Staged page ids, concatenated (a census view; O(staged))."""
+        if self.free_pages is None:
+            return None
+        if not self._staged:
+            return self.free_pages.new_empty((0,))
+        return torch.cat(self._staged)
+
+    @release_pages.setter
+    def release_pages(self, value) -> None:
+        # sglang code assigns this attribute; keep that working on the staging list.
+        if value is None or value.numel() == 0:
+            self._staged, self._num_staged = [], 0
+        else:
+            self._staged, self._num_staged = [value.to(torch.int64)], value.numel()
+
+    def get_all_free_pages(self) -> Optional[torch.Tensor]:
+        """Every free page id, free list and staging together (slot ids at page_size 1)."""
+        if self.free_pages is None:
+            return None
+        if not self._staged:
+            return self.free_pages
+        return torch.cat([self.free_pages, *self._staged])
+
+    def _stage(self, page_ids: torch.Tensor) -> None:
+        # The caller hands over a tensor nobody else holds (see callers).
+        if page_ids.numel() == 0:
+            return
+        self._staged.append(page_ids)
+        self._num_staged += page_ids.numel()
+
+    def _merge_staged(self, sort: bool) -> None:
+        if not self._staged:
+            return
+        merged = torch.cat([self.free_pages, *self._staged])
+        self.free_pages = torch.sort(merged).values if sort else merged
+        self._staged, self._num_staged = [], 0
+
+    def merge_and_sort_free(self) -> None:
+        """Fold staged pages into the free list and sort it."""
+        self._merge_staged(sort=True)
+
+    def _take_pages(self, num_pages: int) -> Optional[torch.Tensor]:
+        """The next ``num_pages`` free page ids, or None (nothing taken)."""
+        if num_pages > len(self.free_pages):
+            if num_pages > len(self.free_pages) + self._num_staged:
+                return None
+            self._merge_staged(sort=self.need_sort)
+        out = self.free_pages[:num_pages]
+        self.free_pages = self.free_pages[num_pages:]
+        return out
+
+    # ------------------------------------------------------------ free groups
+
+    def free_group_begin(self) -> None:
+        if self.free_group is not None:
+            raise RuntimeError(
+                "free_group_begin: a free group is already open and groups do "
+                "not nest; call free_group_end first"
+            )
+        self.free_group = []
+
+    def free_group_end(self) -> None:
+        pending, self.free_group = self.free_group, None
+        if pending:
+            self.free(torch.cat(pending))
+
+    @staticmethod
+    def _copy_for_free_group(free_index: torch.Tensor) -> torch.Tensor:
+        # The caller may overwrite its view (a request's token row) before
+        # the group ends; the group must keep what was freed.
+        return free_index.clone()
+
+    # ------------------------------------------------------------ frees
+
+    def free_full(self, free_index: torch.Tensor) -> None:
+        """Free slots whose SWA peers are already gone; one pool has none."""
+        self.free(free_index)
+
+    def free_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        """Free ``row[start_pos:start_pos + n]`` of one request.
+
+        ``start_pos`` must be page-aligned; the end may sit mid-page and that
+        page is released whole.
+        """
+        _check_page_aligned(start_pos, self.page_size)
+        self.free(free_index)
+
+    def _check_segments(self, segments) -> list:
+        segments = list(segments)
+        ps = self.page_size
+        prev_end = None
+        for free_index, start_pos in segments:
+            _check_page_aligned(start_pos, ps)
+            n = free_index.numel()
+            if n == 0:
+                continue
+            # A later page than the previous segment's last one: ascending,
+            # and no page released by two segments.
+            if prev_end is not None and start_pos // ps <= (prev_end - 1) // ps:
+                raise ValueError(
+                    f"free_segments: segment at start_pos={start_pos} is not after "
+                    f"the previous one ending at {prev_end} on a later page "
+                    f"(page_size={ps}); pass segments ascending, no two on one page"
+                )
+            prev_end = start_pos + n
+        return segments
+
+    def free_segments(self, segments) -> None:
+        """Free ascending ``(free_index, start_pos)`` segments of one request's row.
+
+        All are checked before any is freed, so a bad list changes nothing.
+        """
+        segments = self._check_segments(segments)
+        for free_index, start_pos in segments:
+            if free_index.numel():
+                self.free_segment(free_index, start_pos=start_pos)
+
+    # ------------------------------------------------------------ paged-only calls
+
+    def alloc_extend(self, *args, **kwargs):
+        raise NotImplementedError("alloc_extend needs a paged allocator (page_size > 1)")
+
+    def alloc_decode(self, *args, **kwargs):
+        raise NotImplementedError("alloc_decode needs a paged allocator (page_size > 1)")
+
+    # ------------------------------------------------------------ cpu copies
+
+    def get_cpu_copy(self, indices, mamba_indices=None):
+        return self._kvcache.get_cpu_copy(indices)
+
+    def load_cpu_copy(self, kv_cache_cpu, indices, mamba_indices=None):
+        return self._kvcache.load_cpu_copy(kv_cache_cpu, indices)
+
+    # ------------------------------------------------------------ lifecycle
+
+    def _built_capacity(self) -> int:
+        return getattr(self, "_capacity", self.size)
+
+    def resize(self, config) -> None:
+        """Shrink to ``config.max_total_num_tokens`` slots and clear.
+
+        Growing is refused: the KV buffers were sized at construction.
+        """
+        new_size = int(config.max_total_num_tokens)
+        if new_size < 0 or new_size > self._built_capacity():
+            raise ValueError(
+                f"resize: max_total_num_tokens={new_size} is outside 0.."
+                f"{self._built_capacity()} (the size this allocator was built "
+                "with); build a new allocator to grow"
+            )
+        self.size = new_size
+        if self.page_size > 1:
+            self.num_pages = new_size // self.page_size
+        self.clear()
+
+    @abc.abstractmethod
+    def clear(self) -> None:
+        raise NotImplementedError
+
+    @abc.abstractmethod
+    def alloc(self, need_size: int):
+        raise NotImplementedError
+
+    @abc.abstractmethod
+    def free(self, free_index: torch.Tensor) -> None:
+        raise NotImplementedError

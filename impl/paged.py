@@ -1,0 +1,257 @@
+"""Paged allocator (page_size > 1) and its extend / decode layouts.
+
+Layouts are computed with a handful of vectorized torch ops per batch (no
+Python loop over requests, no host sync), so they run unchanged on every
+device and cost O(tokens + requests).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from impl.base import BaseTokenToKVPoolAllocator, _check_page_aligned
+
+
+def _ceil_div(a, b):
+    return (a + b - 1) // b
+
+
+def get_num_new_pages(seq_lens, page_size: int, prefix_lens=None, decode: bool = False) -> int:
+    """Pages a batch needs: sum of ceil(seq/ps) - ceil(prefix/ps).
+
+    Meant for the CPU copies of the lengths, so that the count needs no
+    device sync. ``decode=True`` means one new token per request
+    (prefix = seq - 1).
+    """
+    seq = torch.as_tensor(seq_lens, dtype=torch.int64)
+    if decode:
+        pre = seq - 1
+    else:
+        if prefix_lens is None:
+            raise ValueError("get_num_new_pages: prefix_lens is required unless decode=True")
+        pre = torch.as_tensor(prefix_lens, dtype=torch.int64)
+    if seq.numel() == 0:
+        return 0
+    return int((_ceil_div(seq, page_size) - _ceil_div(pre, page_size)).sum())
+
+
+def extend_layout(
+    prefix_lens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    last_loc: torch.Tensor,
+    new_pages: torch.Tensor,
+    page_size: int,
+    extend_num_tokens: int,
+) -> torch.Tensor:
+    """Slots for positions prefix..seq-1 of each request, requests in order.
+
+    A position on the prefix's last (partial) page continues it at
+    last_loc + 1, + 2, ...; every later position p sits at offset p % ps of
+    the request's k-th new page, k = p // ps - ceil(prefix / ps). New pages
+    are handed to requests in batch order. That single rule gives the whole
+    pages first and one partial last page.
+    """
+    ps = page_size
+    device = seq_lens.device
+    pre = prefix_lens.to(device=device, dtype=torch.int64)
+    seq = seq_lens.to(torch.int64)
+    last = last_loc.to(device=device, dtype=torch.int64)
+    total = int(extend_num_tokens)
+    if total == 0:
+        return torch.empty((0,), dtype=torch.int64, device=device)
+
+    ext = seq - pre
+    starts = torch.cumsum(ext, 0) - ext
+    pre_pages = _ceil_div(pre, ps)
+    new_count = _ceil_div(seq, ps) - pre_pages
+    first_new = torch.cumsum(new_count, 0) - new_count
+
+    # output_size keeps repeat_interleave from reading ext back to the host.
+    req = torch.repeat_interleave(
+        torch.arange(len(seq), device=device), ext, output_size=total
+    )
+    pos = pre[req] + torch.arange(total, device=device) - starts[req]
+    out = last[req] + 1 + (pos - pre[req])
+    if new_pages.numel() > 0:
+        slot_page = first_new[req] + pos // ps - pre_pages[req]
+        # Continuation positions compute an out-of-range index; clamp it and
+        # let torch.where drop it, which keeps the shape data-independent.
+        slot_page = slot_page.clamp_(0, new_pages.numel() - 1)
+        fresh = new_pages.to(device)[slot_page] * ps + pos % ps
+        out = torch.where(pos < pre_pages[req] * ps, out, fresh)
+    return out
+
+
+def decode_layout(
+    seq_lens: torch.Tensor, last_loc: torch.Tensor, new_pages: torch.Tensor, page_size: int
+) -> torch.Tensor:
+    """Slot of position seq-1 per request: last_loc + 1, or a new page's first slot."""
+    seq = seq_lens.to(torch.int64)
+    out = last_loc.to(device=seq.device, dtype=torch.int64) + 1
+    if new_pages.numel() > 0:
+        opens_page = (seq - 1) % page_size == 0
+        nth = (torch.cumsum(opens_page.to(torch.int64), 0) - 1).clamp_(0, new_pages.numel() - 1)
+        out = torch.where(opens_page, new_pages.to(seq.device)[nth] * page_size, out)
+    return out
+
+
+class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        device,
+        kvcache,
+        need_sort: bool,
+    ):
+        if page_size < 1:
+            raise ValueError(f"page_size={page_size} must be >= 1")
+        super().__init__(size, page_size, dtype, device, kvcache, need_sort)
+        self._capacity = size
+        self.num_pages = size // page_size
+        self._page_offsets = torch.arange(page_size, dtype=torch.int64, device=device)
+        self.clear()
+
+    def clear(self) -> None:
+        # Page 0 holds the padding slot: never free.
+        self.free_pages = torch.arange(
+            1, self.num_pages + 1, dtype=torch.int64, device=self.device
+        )
+        self._staged, self._num_staged = [], 0
+        self.free_group = None
+        self.free_page_reps_group: list[torch.Tensor] = []
+
+    # ------------------------------------------------------------ alloc
+
+    def alloc(self, need_size: int) -> Optional[torch.Tensor]:
+        if need_size < 0 or need_size % self.page_size != 0:
+            raise ValueError(
+                f"alloc: need_size={need_size} is not a non-negative multiple of "
+                f"page_size={self.page_size}; round it up to whole pages"
+            )
+        pages = self._take_pages(need_size // self.page_size)
+        if pages is None:
+            return None
+        return (pages[:, None] * self.page_size + self._page_offsets).reshape(-1)
+
+    def _check_batch(self, name, *tensors) -> None:
+        lens = {len(t) for t in tensors}
+        if len(lens) != 1:
+            raise ValueError(
+                f"{name}: batch tensors differ in length ({sorted(lens)}); "
+                "pass one entry per request in each"
+            )
+
+    def alloc_extend(
+        self,
+        prefix_lens: torch.Tensor,
+        prefix_lens_cpu: torch.Tensor,
+        seq_lens: torch.Tensor,
+        seq_lens_cpu: torch.Tensor,
+        last_loc: torch.Tensor,
+        extend_num_tokens: int,
+        num_new_pages: Optional[int] = None,
+    ) -> Optional[torch.Tensor]:
+        self._check_batch(
+            "alloc_extend", prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc
+        )
+        # Host-side checks only: the CPU copies exist so that nothing syncs.
+        ext_cpu = seq_lens_cpu.to(torch.int64) - prefix_lens_cpu.to(torch.int64)
+        if len(ext_cpu) and int(ext_cpu.min()) < 0:
+            raise ValueError("alloc_extend: a seq_len is below its prefix_len")
+        if int(ext_cpu.sum()) != int(extend_num_tokens):
+            raise ValueError(
+                f"alloc_extend: extend_num_tokens={extend_num_tokens} but the "
+                f"batch extends by {int(ext_cpu.sum())} tokens; pass sum(seq - prefix)"
+            )
+        if num_new_pages is None:
+            num_new_pages = get_num_new_pages(
+                seq_lens=seq_lens_cpu, page_size=self.page_size, prefix_lens=prefix_lens_cpu
+            )
+        if self.debug_mode:
+            assert torch.all((last_loc + 1) % self.page_size == prefix_lens % self.page_size)
+
+        pages = self._take_pages(int(num_new_pages))
+        if pages is None:
+            return None
+        out = extend_layout(
+            prefix_lens, seq_lens, last_loc, pages, self.page_size, extend_num_tokens
+        )
+        if self.debug_mode:
+            assert len(torch.unique(out)) == len(out), "extend layout repeats a slot"
+        return out
+
+    def alloc_decode(
+        self,
+        seq_lens: torch.Tensor,
+        seq_lens_cpu: torch.Tensor,
+        last_loc: torch.Tensor,
+    ) -> Optional[torch.Tensor]:
+        self._check_batch("alloc_decode", seq_lens, seq_lens_cpu, last_loc)
+        if len(seq_lens_cpu) and int(seq_lens_cpu.min()) < 1:
+            raise ValueError("alloc_decode: every seq_len must be >= 1 (it counts the new token)")
+        if self.debug_mode:
+            assert torch.all((last_loc + 2) % self.page_size == seq_lens % self.page_size)
+        num_new_pages = get_num_new_pages(
+            seq_lens=seq_lens_cpu, page_size=self.page_size, decode=True
+        )
+        pages = self._take_pages(num_new_pages)
+        if pages is None:
+            return None
+        return decode_layout(seq_lens, last_loc, pages, self.page_size)
+
+    # ------------------------------------------------------------ free
+
+    def free(self, free_index: torch.Tensor) -> None:
+        """Release every page ``free_index`` touches, each once."""
+        if free_index.numel() == 0:
+            return
+        if self.free_group is not None:
+            self.free_group.append(self._copy_for_free_group(free_index))
+            return
+        self._stage(torch.unique(free_index.to(torch.int64) // self.page_size))
+        if self.debug_mode:
+            self._debug_check_no_duplicate_pages()
+
+    def free_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        """Release the pages of ``row[start_pos:start_pos + n]``.
+
+        The row's positions sit consecutively within each page and the
+        segment starts on a page boundary, so every page's first slot is in
+        ``free_index[::page_size]``: one representative per page, found with
+        no unique and so no data-dependent shape.
+        """
+        _check_page_aligned(start_pos, self.page_size)
+        if free_index.numel() == 0:
+            return
+        reps = free_index[:: self.page_size]
+        if self.debug_mode:
+            assert torch.equal(
+                torch.sort(reps.cpu() // self.page_size).values,
+                torch.unique(free_index.cpu() // self.page_size),
+            ), "free_segment: the row's positions are not page-consecutive"
+        if self.free_group is not None:
+            self.free_page_reps_group.append(self._copy_for_free_group(reps))
+            return
+        self._stage(reps.to(torch.int64) // self.page_size)
+        if self.debug_mode:
+            self._debug_check_no_duplicate_pages()
+
+    def _debug_check_no_duplicate_pages(self) -> None:
+        pages = self.get_all_free_pages()
+        assert len(torch.unique(pages)) == len(pages), "a page is free twice"
+
+    def free_group_begin(self) -> None:
+        super().free_group_begin()
+        self.free_page_reps_group = []
+
+    def free_group_end(self) -> None:
+        reps, self.free_page_reps_group = self.free_page_reps_group, []
+        super().free_group_end()
+        if reps:
+            self._stage(torch.cat(reps).to(torch.int64) // self.page_size)
+        if self.debug_mode:
+            self._debug_check_no_duplicate_pages()

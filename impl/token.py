@@ -1,0 +1,39 @@
+"""Token allocator: page_size 1, a free list of slot ids."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from impl.base import BaseTokenToKVPoolAllocator
+
+
+class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
+    def __init__(self, size: int, dtype: torch.dtype, device, kvcache, need_sort: bool):
+        super().__init__(size, 1, dtype, device, kvcache, need_sort)
+        self._capacity = size
+        self.clear()
+
+    def clear(self) -> None:
+        # Slot 0 is the padding slot that padded tokens write into: never free.
+        self.free_pages = torch.arange(1, self.size + 1, dtype=torch.int64, device=self.device)
+        self._staged, self._num_staged = [], 0
+        self.free_group = None
+
+    def available_size(self) -> int:
+        return len(self.free_pages) + self._num_staged
+
+    def alloc(self, need_size: int) -> Optional[torch.Tensor]:
+        if need_size < 0:
+            raise ValueError(f"alloc: need_size={need_size} is negative")
+        return self._take_pages(int(need_size))
+
+    def free(self, free_index: torch.Tensor) -> None:
+        if free_index.numel() == 0:
+            return
+        if self.free_group is not None:
+            self.free_group.append(self._copy_for_free_group(free_index))
+            return
+        # A private copy: the caller keeps ownership of its tensor.
+        self._stage(free_index.reshape(-1).to(torch.int64, copy=True))
