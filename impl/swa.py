@@ -1,0 +1,721 @@
+"""Hybrid sliding-window-attention allocator.
+
+Two pools: a full one (every token of every request) and an SWA one (only
+the recent window). ``full_to_swa_index_mapping[f]`` is the SWA peer of full
+slot ``f`` (0: none). Its trailing entry is -1, so translating a ``last_loc``
+of -1 ("no prefix") yields -1 on the SWA side too.
+
+Invariants checked here:
+- ``swa.peer_mapped`` (FATAL_UNCONTAINABLE): a token-granular SWA free reads
+  its target from the mapping; an entry of 0 would push the padding slot into
+  the SWA free list and it would then be handed out twice.
+- ``swa.peer_released`` (GUARD): ``free_full`` leaves the mapping alone, so a
+  slot that still has a peer would strand that SWA slot forever.
+
+Contract breaks by the caller that cannot be allowed to corrupt state are
+refused with ValueError (RuntimeError for a nested free group), always before
+anything is changed.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+
+from impl.backend import get_backend
+from impl.base import BaseTokenToKVPoolAllocator, _check_page_aligned
+from impl.invariants import Bucket, Invariant, IsTrue, expect, hit_counts
+from impl.paged import PagedTokenToKVPoolAllocator, get_num_new_pages
+from impl.token import TokenToKVPoolAllocator
+
+logger = logging.getLogger(__name__)
+
+SWA_PEER_MAPPED = Invariant("swa.peer_mapped", Bucket.FATAL_UNCONTAINABLE, IsTrue())
+SWA_PEER_RELEASED = Invariant("swa.peer_released", Bucket.GUARD, IsTrue())
+
+
+def _require_kvcache(kvcache) -> None:
+    for attr in ("register_mapping", "translate_loc_from_full_to_swa", "swa_kv_pool"):
+        if not hasattr(kvcache, attr):
+            raise TypeError(
+                f"kvcache {type(kvcache).__name__} lacks {attr!r}; pass an SWA KV "
+                "pool (impl.kv_pool.SWAKVPool)"
+            )
+
+
+class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
+    """Full and SWA allocators side by side, joined by the full->SWA mapping."""
+
+    # A class default, so subclasses that skip this __init__ read "no ring".
+    _swa_req_ring = False
+    _swa_ring_cost = 0
+    _req_to_token_pool = None
+
+    def __init__(
+        self,
+        size: int,
+        size_swa: int,
+        page_size: int,
+        dtype: torch.dtype,
+        device,
+        kvcache,
+        need_sort: bool,
+        req_to_token_pool=None,
+        *,
+        backend: str = "auto",
+    ):
+        _require_kvcache(kvcache)
+        ring_size = getattr(kvcache, "swa_req_ring_size", None)
+        if ring_size is not None:
+            if page_size == 1:
+                # The ring accounting counts request slots, yet a page_size-1
+                # alloc pairs every token with an SWA slot of the token pool:
+                # available_size() would promise what alloc() cannot give.
+                raise NotImplementedError(
+                    "per-request SWA ring needs page_size > 1; build without "
+                    "swa_req_ring_size or with a paged pool"
+                )
+            if req_to_token_pool is None:
+                raise ValueError(
+                    "per-request SWA ring: SWA capacity is counted in request "
+                    "slots, so pass req_to_token_pool"
+                )
+
+        self._size_full = size
+        self._size_swa = size_swa
+        self.dtype = dtype
+        self.device = device
+        self.page_size = page_size
+        self.need_sort = need_sort
+        self.debug_mode = False
+        self._backend = get_backend(backend, device)
+
+        full_kv_pool = getattr(kvcache, "full_kv_pool", None)
+        swa_kv_pool = getattr(kvcache, "swa_kv_pool", None)
+        if page_size == 1:
+            self.full_attn_allocator = TokenToKVPoolAllocator(
+                size, dtype, device, full_kv_pool, need_sort
+            )
+            self.swa_attn_allocator = TokenToKVPoolAllocator(
+                size_swa, dtype, device, swa_kv_pool, need_sort
+            )
+        else:
+            self.full_attn_allocator = PagedTokenToKVPoolAllocator(
+                size, page_size, dtype, device, full_kv_pool, need_sort
+            )
+            self.swa_attn_allocator = PagedTokenToKVPoolAllocator(
+                size_swa, page_size, dtype, device, swa_kv_pool, need_sort
+            )
+
+        # Covers every slot a page can reach (size + page_size), then the -1
+        # sentinel that a last_loc of -1 indexes.
+        self.full_to_swa_index_mapping = torch.cat(
+            [
+                torch.zeros(size + page_size, dtype=torch.int64, device=device),
+                torch.full((1,), -1, dtype=torch.int64, device=device),
+            ]
+        )
+
+        self.free_pages = None
+        self._staged, self._num_staged = [], 0
+        self.free_group = None
+        self.swa_free_group: list[torch.Tensor] = []
+        self._kvcache = kvcache
+
+        self._swa_req_ring = ring_size is not None
+        self._req_to_token_pool = req_to_token_pool
+        if self._swa_req_ring:
+            # Each request slot owns a ring rounded up to whole pages; all
+            # request slots are free now, so this is the full SWA capacity.
+            self._swa_ring_cost = _ceil_to(ring_size, page_size)
+            self._size_swa = req_to_token_pool.available_size() * self._swa_ring_cost
+            logger.info(
+                "SWA ring accounting: ring_size=%s cost=%s tokens, size_swa=%s "
+                "(the paged size_swa=%s is not used)",
+                ring_size,
+                self._swa_ring_cost,
+                self._size_swa,
+                size_swa,
+            )
+        else:
+            self._swa_ring_cost = 0
+
+        self.clear()
+        self._kvcache.register_mapping(self.full_to_swa_index_mapping)
+
+    # ------------------------------------------------------------ ring
+
+    @property
+    def swa_req_ring(self) -> bool:
+        return self._swa_req_ring
+
+    @property
+    def swa_ring_cost_tokens(self) -> int:
+        return self._swa_ring_cost
+
+    # ------------------------------------------------------------ sizes
+
+    def available_size(self) -> int:
+        if self._swa_req_ring:
+            # Rings are reserved per request slot and reused by decode, so
+            # only the full pool limits token growth.
+            return self.full_attn_allocator.available_size()
+        return min(
+            self.full_attn_allocator.available_size(),
+            self.swa_attn_allocator.available_size(),
+        )
+
+    def full_available_size(self) -> int:
+        return self.full_attn_allocator.available_size()
+
+    def swa_available_size(self) -> int:
+        if self._swa_req_ring:
+            return self._req_to_token_pool.available_size() * self._swa_ring_cost
+        return self.swa_attn_allocator.available_size()
+
+    def _conserve_full_available_size(self) -> int:
+        return self.full_available_size()
+
+    def _conserve_swa_available_size(self) -> int:
+        return self.swa_available_size()
+
+    @property
+    def size(self) -> int:
+        return min(self._size_full, self._size_swa)
+
+    @property
+    def size_swa(self) -> int:
+        return self._size_swa
+
+    @property
+    def size_full(self) -> int:
+        return self._size_full
+
+    def debug_print(self) -> str:
+        return (
+            f"#swa-available-size: {self.swa_available_size()}, "
+            f"#full-attn-available-size: {self.full_attn_allocator.available_size()}, "
+        )
+
+    def invariant_hits(self) -> dict[str, int]:
+        """Cumulative invariant hit counts by name (process-wide, see impl.invariants)."""
+        return hit_counts()
+
+    def get_all_free_pages(self):
+        # Two pools: ask full_attn_allocator / swa_attn_allocator instead.
+        return None
+
+    def merge_and_sort_free(self) -> None:
+        self.full_attn_allocator.merge_and_sort_free()
+        self.swa_attn_allocator.merge_and_sort_free()
+
+    # ------------------------------------------------------------ mapping
+
+    def translate_loc_from_full_to_swa(self, kv_indices: torch.Tensor) -> torch.Tensor:
+        return self._kvcache.translate_loc_from_full_to_swa(kv_indices)
+
+    def set_full_to_swa_mapping(self, full_indices: torch.Tensor, swa_indices: torch.Tensor) -> None:
+        if full_indices.numel() == 0:
+            return
+        if full_indices.numel() != swa_indices.numel():
+            raise ValueError(
+                f"set_full_to_swa_mapping: {full_indices.numel()} full indices but "
+                f"{swa_indices.numel()} SWA indices; pass one SWA slot per full slot"
+            )
+        self._backend.scatter(
+            self.full_to_swa_index_mapping,
+            full_indices.to(torch.int64),
+            swa_indices.to(self.full_to_swa_index_mapping.dtype),
+        )
+
+    def clear_full_to_swa_mapping(self, full_indices: torch.Tensor) -> None:
+        if full_indices.numel() == 0:
+            return
+        self._backend.zero_fill(self.full_to_swa_index_mapping, full_indices.to(torch.int64))
+
+    # ------------------------------------------------------------ contract checks
+
+    def _require_paged(self, call: str) -> None:
+        if self.page_size == 1:
+            raise ValueError(
+                f"{call} is a paged call but this allocator has page_size=1; "
+                "use alloc(n) instead"
+            )
+
+    # ------------------------------------------------------------ alloc
+
+    def alloc(self, need_size: int) -> Optional[torch.Tensor]:
+        if self.page_size != 1:
+            raise ValueError(
+                f"alloc(need_size) is for page_size=1 but this allocator has "
+                f"page_size={self.page_size}; use alloc_extend / alloc_decode"
+            )
+        if need_size < 0:
+            raise ValueError(f"alloc: need_size={need_size} is negative")
+        # Check both sides first, so a short SWA pool leaves the full one alone.
+        if need_size > self.full_attn_allocator.available_size():
+            return None
+        if need_size > self.swa_attn_allocator.available_size():
+            return None
+        full = self.full_attn_allocator.alloc(need_size)
+        swa = self.swa_attn_allocator.alloc(need_size)
+        assert full is not None and swa is not None
+        self.set_full_to_swa_mapping(full, swa)
+        return full
+
+    def new_pages_available(self, num_full_pages: int, num_swa_pages: int) -> bool:
+        full_ok = num_full_pages <= self.full_attn_allocator.available_size() // self.page_size
+        if self._swa_req_ring:
+            return full_ok
+        return full_ok and (
+            num_swa_pages <= self.swa_attn_allocator.available_size() // self.page_size
+        )
+
+    def alloc_extend(
+        self,
+        prefix_lens: torch.Tensor,
+        prefix_lens_cpu: torch.Tensor,
+        seq_lens: torch.Tensor,
+        seq_lens_cpu: torch.Tensor,
+        last_loc: torch.Tensor,
+        extend_num_tokens: int,
+    ) -> Optional[torch.Tensor]:
+        self._require_paged("alloc_extend")
+        num_new_pages = get_num_new_pages(
+            seq_lens=seq_lens_cpu, page_size=self.page_size, prefix_lens=prefix_lens_cpu
+        )
+        # Both pools need the same page count: an SWA row mirrors the full
+        # row's page layout over the same positions.
+        if not self.new_pages_available(num_new_pages, num_new_pages):
+            return None
+
+        if self._swa_req_ring:
+            # Ring mode pages the full pool only; the mapping stays unwritten.
+            return self.full_attn_allocator.alloc_extend(
+                prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc,
+                extend_num_tokens, num_new_pages=num_new_pages,
+            )
+
+        # Translate before allocating: the SWA row continues its own last slot.
+        swa_last_loc = self.translate_loc_from_full_to_swa(last_loc)
+        full = self.full_attn_allocator.alloc_extend(
+            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc,
+            extend_num_tokens, num_new_pages=num_new_pages,
+        )
+        if full is None:
+            return None
+        swa = self.swa_attn_allocator.alloc_extend(
+            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, swa_last_loc,
+            extend_num_tokens, num_new_pages=num_new_pages,
+        )
+        assert swa is not None, "SWA pool ran short after new_pages_available said yes"
+        self.set_full_to_swa_mapping(full, swa)
+        return full
+
+    def alloc_extend_swa_tail(
+        self,
+        prefix_lens: torch.Tensor,
+        prefix_lens_cpu: torch.Tensor,
+        seq_lens: torch.Tensor,
+        seq_lens_cpu: torch.Tensor,
+        last_loc: torch.Tensor,
+        extend_num_tokens: int,
+        swa_tail_len: int,
+    ) -> Optional[torch.Tensor]:
+        """Full slots for the whole extend, SWA slots only for its last
+        ``swa_tail_len`` tokens (the rest is already outside the window)."""
+        self._require_paged("alloc_extend_swa_tail")
+        if len(seq_lens_cpu) != 1 or len(prefix_lens_cpu) != 1:
+            raise ValueError(
+                f"alloc_extend_swa_tail supports one request per call, got a batch "
+                f"of {len(seq_lens_cpu)}; call it once per request"
+            )
+        extend_num_tokens = int(extend_num_tokens)
+        swa_tail_len = int(swa_tail_len)
+        if not 0 <= swa_tail_len <= extend_num_tokens:
+            raise ValueError(
+                f"alloc_extend_swa_tail: swa_tail_len={swa_tail_len} must be within "
+                f"0..extend_num_tokens={extend_num_tokens}; the tail is part of the extend"
+            )
+
+        num_full_pages = get_num_new_pages(
+            seq_lens=seq_lens_cpu, page_size=self.page_size, prefix_lens=prefix_lens_cpu
+        )
+        # The tail starts on a fresh SWA row, so it needs ceil(tail / ps) pages.
+        num_swa_pages = _ceil_div(swa_tail_len, self.page_size)
+        if not self.new_pages_available(num_full_pages, num_swa_pages):
+            return None
+
+        if self._swa_req_ring:
+            return self.full_attn_allocator.alloc_extend(
+                prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc,
+                extend_num_tokens, num_new_pages=num_full_pages,
+            )
+
+        full = self.full_attn_allocator.alloc_extend(
+            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc,
+            extend_num_tokens, num_new_pages=num_full_pages,
+        )
+        if full is None:
+            return None
+
+        head = extend_num_tokens - swa_tail_len
+        # Recycled full pages may carry stale peers from an earlier owner; the
+        # head has no SWA slot, so its entries must read 0 -- for a tail of 0
+        # as well, where the whole extend is head.
+        self.clear_full_to_swa_mapping(full[:head])
+        if swa_tail_len == 0:
+            return full
+
+        dev = self.device
+        swa = self.swa_attn_allocator.alloc_extend(
+            torch.zeros((1,), dtype=torch.int64, device=dev),
+            torch.zeros((1,), dtype=torch.int64),
+            torch.full((1,), swa_tail_len, dtype=torch.int64, device=dev),
+            torch.full((1,), swa_tail_len, dtype=torch.int64),
+            torch.full((1,), -1, dtype=torch.int64, device=dev),
+            swa_tail_len,
+            num_new_pages=num_swa_pages,
+        )
+        assert swa is not None, "SWA pool ran short after new_pages_available said yes"
+        self.set_full_to_swa_mapping(full[head:], swa)
+        return full
+
+    def alloc_decode(
+        self,
+        seq_lens: torch.Tensor,
+        seq_lens_cpu: torch.Tensor,
+        last_loc: torch.Tensor,
+    ) -> Optional[torch.Tensor]:
+        self._require_paged("alloc_decode")
+        if self._swa_req_ring:
+            return self.full_attn_allocator.alloc_decode(seq_lens, seq_lens_cpu, last_loc)
+
+        num_new_pages = get_num_new_pages(
+            seq_lens=seq_lens_cpu, page_size=self.page_size, decode=True
+        )
+        # Checked up front so that a short SWA pool cannot leave the full
+        # side's pages taken with nothing returned.
+        if not self.new_pages_available(num_new_pages, num_new_pages):
+            return None
+        swa_last_loc = self.translate_loc_from_full_to_swa(last_loc)
+        full = self.full_attn_allocator.alloc_decode(seq_lens, seq_lens_cpu, last_loc)
+        swa = self.swa_attn_allocator.alloc_decode(seq_lens, seq_lens_cpu, swa_last_loc)
+        assert full is not None and swa is not None
+        self.set_full_to_swa_mapping(full, swa)
+        return full
+
+    # ------------------------------------------------------------ free
+
+    def free(self, free_index: torch.Tensor) -> None:
+        """Release full slots and their SWA peers.
+
+        Not idempotent. SWA side first: it reads the mapping, which a cache
+        action later in the same free group may point elsewhere.
+        """
+        if free_index.numel() == 0:
+            return
+        self.free_swa(free_index)
+        self.free_full(free_index)
+
+    def free_swa(self, free_index: torch.Tensor) -> None:
+        """Release the SWA peers of ``free_index`` (whole pages when paged) and
+        unpair them; the full slots stay."""
+        if free_index.numel() == 0:
+            return
+        if self.page_size == 1:
+            # No filter of unpaired entries: it would make the shape
+            # data-dependent (a host sync). The invariant catches them instead.
+            where = free_index
+            swa = self.full_to_swa_index_mapping[where]
+            expect(SWA_PEER_MAPPED, swa > 0, msg="slot has no SWA peer; the caller wants free_full")
+        else:
+            where = self._expand_to_full_pages(free_index)
+            swa = self.full_to_swa_index_mapping[where]
+
+        self.clear_full_to_swa_mapping(where)
+
+        if self.free_group is not None:
+            # Ownership is settled now (swa is a gathered copy): a cache action
+            # later in the group may pair these full slots again.
+            self.swa_free_group.append(swa)
+            return
+        self._release_swa(swa)
+
+    def _release_swa(self, swa_indices: torch.Tensor) -> None:
+        if self.page_size > 1:
+            # A page can hold unpaired slots (a load-back may pair a
+            # page-aligned full chunk with an SWA chunk that starts mid-page),
+            # so drop the zeros: one filter per release, not per slot.
+            swa_indices = swa_indices[swa_indices > 0]
+        self.swa_attn_allocator.free(swa_indices)
+        assert self.swa_attn_allocator.available_size() <= self.swa_attn_allocator.size
+
+    def free_full(self, free_index: torch.Tensor) -> None:
+        """Release full slots whose SWA peers the caller already released."""
+        if free_index.numel() == 0:
+            return
+        # Judged now, at enqueue: inside a group a later cache action may pair
+        # the slot again, and that new peer is not this call's concern.
+        expect(
+            SWA_PEER_RELEASED,
+            self.full_to_swa_index_mapping[free_index] == 0,
+            msg="slot still has an SWA peer; the caller wants free",
+        )
+        self.full_attn_allocator.free(free_index)
+        assert self.full_attn_allocator.available_size() <= self.full_attn_allocator.size
+
+    def free_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        _check_page_aligned(start_pos, self.page_size)
+        if free_index.numel() == 0:
+            return
+        # SWA first, as in free().
+        self.free_swa(free_index)
+        self.full_attn_allocator.free_segment(free_index, start_pos=start_pos)
+
+    def free_full_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        _check_page_aligned(start_pos, self.page_size)
+        if free_index.numel() == 0:
+            return
+        expect(
+            SWA_PEER_RELEASED,
+            self.full_to_swa_index_mapping[free_index] == 0,
+            msg="segment still has SWA peers; the caller wants free_segment",
+        )
+        self.full_attn_allocator.free_segment(free_index, start_pos=start_pos)
+
+    # ------------------------------------------------------------ free groups
+
+    def free_group_begin(self) -> None:
+        super().free_group_begin()
+        self.swa_free_group = []
+        # The full side has no pile here: its own allocator's group defers it.
+        self.full_attn_allocator.free_group_begin()
+
+    def free_group_end(self) -> None:
+        self.free_group = None
+        held, self.swa_free_group = self.swa_free_group, []
+        if held:
+            self._release_swa(torch.cat(held))
+        self.full_attn_allocator.free_group_end()
+        assert self.full_attn_allocator.available_size() <= self.full_attn_allocator.size
+        assert self.swa_attn_allocator.available_size() <= self.swa_attn_allocator.size
+
+    def _expand_to_full_pages(self, indices: torch.Tensor) -> torch.Tensor:
+        """Every slot of every page ``indices`` touches.
+
+        Duplicates stay: a unique would have a data-dependent shape (a sync),
+        and each consumer ends in the paged free's own per-page dedup.
+        """
+        ps = self.page_size
+        base = (indices.to(torch.int64) // ps) * ps
+        offsets = torch.arange(ps, dtype=torch.int64, device=indices.device)
+        expanded = (base[:, None] + offsets[None, :]).reshape(-1)
+        if self.swa_attn_allocator.debug_mode:
+            got = torch.unique(expanded.cpu() // ps)
+            want = torch.unique(indices.cpu().to(torch.int64) // ps)
+            assert torch.equal(got, want), "page expansion changed the page set"
+        return expanded
+
+    # ------------------------------------------------------------ lifecycle
+
+    def resize(self, config) -> None:
+        """Shrink both pools to ``config.full_max_total_num_tokens`` /
+        ``config.swa_max_total_num_tokens`` and clear.
+
+        Growth is refused: the mapping and KV buffers were sized at
+        construction.
+        """
+        size_full = int(config.full_max_total_num_tokens)
+        size_swa = int(config.swa_max_total_num_tokens)
+        for key, new, built in (
+            ("full_max_total_num_tokens", size_full, self.full_attn_allocator._built_capacity()),
+            ("swa_max_total_num_tokens", size_swa, self.swa_attn_allocator._built_capacity()),
+        ):
+            if new < 0 or new > built:
+                raise ValueError(
+                    f"resize: {key}={new} is outside 0..{built} (the size this "
+                    "allocator was built with); build a new allocator to grow"
+                )
+        self._size_full = size_full
+        if not self._swa_req_ring:
+            # A ring's capacity follows the request slots, not the token count.
+            self._size_swa = size_swa
+        for alloc, new in (
+            (self.full_attn_allocator, size_full),
+            (self.swa_attn_allocator, size_swa),
+        ):
+            alloc.size = new
+            if self.page_size > 1:
+                alloc.num_pages = new // self.page_size
+        self.clear()
+
+    def clear(self) -> None:
+        self.swa_attn_allocator.clear()
+        self.full_attn_allocator.clear()
+        # Everything but the trailing -1 sentinel.
+        self.full_to_swa_index_mapping[:-1].fill_(0)
+        self.free_group = None
+        self.swa_free_group = []
+
+    def get_cpu_copy(self, indices, mamba_indices=None, req_pool_index=None):
+        return self._kvcache.get_cpu_copy(
+            indices, mamba_indices=mamba_indices, req_pool_index=req_pool_index
+        )
+
+    def load_cpu_copy(self, kv_cache_cpu, indices, mamba_indices=None, req_pool_index=None):
+        return self._kvcache.load_cpu_copy(
+            kv_cache_cpu, indices, mamba_indices=mamba_indices, req_pool_index=req_pool_index
+        )
+
+
+class PureSWATokenToKVPoolAllocator(SWATokenToKVPoolAllocator):
+    """One pool for models whose every layer is sliding-window attention.
+
+    The mapping is the identity (never rewritten) and page_size is 1.
+    """
+
+    def __init__(
+        self,
+        size_swa: int,
+        page_size: int,
+        dtype: torch.dtype,
+        device,
+        kvcache,
+        need_sort: bool,
+        *,
+        backend: str = "auto",
+    ):
+        if page_size != 1:
+            raise NotImplementedError(
+                f"PureSWATokenToKVPoolAllocator supports page_size 1 only, got {page_size}"
+            )
+        _require_kvcache(kvcache)
+        self.page_size = page_size
+        self.dtype = dtype
+        self.device = device
+        self.need_sort = need_sort
+        self.debug_mode = False
+        self._backend = get_backend(backend, device)
+        self._size_full = self._size_swa = size_swa
+
+        self.swa_attn_allocator = TokenToKVPoolAllocator(
+            size_swa, dtype, device, kvcache.swa_kv_pool, need_sort
+        )
+        self.full_attn_allocator = self.swa_attn_allocator
+
+        self.full_to_swa_index_mapping = torch.cat(
+            [
+                torch.arange(size_swa + page_size, dtype=torch.int64, device=device),
+                torch.full((1,), -1, dtype=torch.int64, device=device),
+            ]
+        )
+        self.free_pages = None
+        self._staged, self._num_staged = [], 0
+        self.free_group = None
+        self.swa_free_group = []
+        self._kvcache = kvcache
+        self.swa_attn_allocator.clear()
+        self._kvcache.register_mapping(self.full_to_swa_index_mapping)
+
+    def available_size(self) -> int:
+        return self.swa_attn_allocator.available_size()
+
+    def full_available_size(self) -> int:
+        return self.swa_attn_allocator.available_size()
+
+    def swa_available_size(self) -> int:
+        return self.swa_attn_allocator.available_size()
+
+    def new_pages_available(self, num_full_pages: int, num_swa_pages: int) -> bool:
+        avail = self.swa_attn_allocator.available_size() // self.page_size
+        return num_full_pages <= avail and num_swa_pages <= avail
+
+    def translate_loc_from_full_to_swa(self, kv_indices: torch.Tensor) -> torch.Tensor:
+        return kv_indices
+
+    def set_full_to_swa_mapping(self, full_indices, swa_indices) -> None:
+        # The identity mapping is registered with the KV pool and read by
+        # attention; rewriting it would break the one-pool addressing.
+        raise NotImplementedError("PureSWATokenToKVPoolAllocator has no full->SWA mapping to rewrite")
+
+    def clear_full_to_swa_mapping(self, full_indices) -> None:
+        raise NotImplementedError("PureSWATokenToKVPoolAllocator has no full->SWA mapping to clear")
+
+    def alloc(self, need_size: int) -> Optional[torch.Tensor]:
+        if need_size < 0:
+            raise ValueError(f"alloc: need_size={need_size} is negative")
+        return self.swa_attn_allocator.alloc(need_size)
+
+    def alloc_extend(self, *args, **kwargs):
+        raise NotImplementedError("PureSWATokenToKVPoolAllocator does not support page_size > 1")
+
+    def alloc_decode(self, *args, **kwargs):
+        raise NotImplementedError("PureSWATokenToKVPoolAllocator does not support page_size > 1")
+
+    def alloc_extend_swa_tail(self, *args, **kwargs):
+        raise NotImplementedError("PureSWATokenToKVPoolAllocator does not support page_size > 1")
+
+    def free(self, free_index: torch.Tensor) -> None:
+        if free_index.numel() == 0:
+            return
+        if self.free_group is not None:
+            self.free_group.append(self._copy_for_free_group(free_index))
+            return
+        # The padding slot never enters the free list, whatever the caller passes.
+        self.swa_attn_allocator.free(free_index[free_index > 0])
+        assert self.swa_attn_allocator.available_size() <= self.swa_attn_allocator.size
+
+    def free_swa(self, free_index: torch.Tensor) -> None:
+        self.free(free_index)
+
+    def free_full(self, free_index: torch.Tensor) -> None:
+        # No full pool: once the SWA side is gone there is nothing left.
+        return
+
+    def free_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        # One pool: the hybrid's SWA half plus full half would free twice.
+        self.free(free_index)
+
+    def free_full_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        return
+
+    def free_group_begin(self) -> None:
+        # The hybrid's hooks drive two allocators; here there is one.
+        BaseTokenToKVPoolAllocator.free_group_begin(self)
+
+    def free_group_end(self) -> None:
+        pending, self.free_group = self.free_group, None
+        if pending:
+            self.free(torch.cat(pending))
+
+    def resize(self, config) -> None:
+        """One pool: sized by ``config.swa_max_total_num_tokens``."""
+        size = int(config.swa_max_total_num_tokens)
+        built = self.swa_attn_allocator._built_capacity()
+        if size < 0 or size > built:
+            raise ValueError(
+                f"resize: swa_max_total_num_tokens={size} is outside 0..{built} "
+                "(the size this allocator was built with); build a new allocator to grow"
+            )
+        self._size_full = self._size_swa = size
+        self.swa_attn_allocator.size = size
+        self.clear()
+
+    def clear(self) -> None:
+        self.swa_attn_allocator.clear()
+        self.free_group = None
+
+
+def is_swa_req_ring(allocator) -> bool:
+    return isinstance(allocator, SWATokenToKVPoolAllocator) and allocator.swa_req_ring
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def _ceil_to(a: int, b: int) -> int:
+    return _ceil_div(a, b) * b
