@@ -55,32 +55,41 @@ def extend_layout(
     """
     ps = page_size
     device = seq_lens.device
-    pre = prefix_lens.to(device=device, dtype=torch.int64)
-    seq = seq_lens.to(torch.int64)
-    last = last_loc.to(device=device, dtype=torch.int64)
     total = int(extend_num_tokens)
     if total == 0:
         return torch.empty((0,), dtype=torch.int64, device=device)
-
+    pre = prefix_lens.to(device=device, dtype=torch.int64)
+    seq = seq_lens.to(torch.int64)
     ext = seq - pre
-    starts = torch.cumsum(ext, 0) - ext
+    start = torch.cumsum(ext, 0) - ext  # first output index of each request
     pre_pages = _ceil_div(pre, ps)
     new_count = _ceil_div(seq, ps) - pre_pages
     first_new = torch.cumsum(new_count, 0) - new_count
-
-    # output_size keeps repeat_interleave from reading ext back to the host.
-    req = torch.repeat_interleave(
-        torch.arange(len(seq), device=device), ext, output_size=total
+    # Per request, in terms of the output index t (one gather for all four):
+    #   continuation slot   = last_loc + 1 - start + t
+    #   continuation ends   at t = start + (pre_pages * ps - prefix)
+    #   position            = t + (prefix - start)
+    #   index into new_pages = position // ps + (first_new - pre_pages)
+    per_req = torch.stack(
+        (
+            last_loc.to(device=device, dtype=torch.int64) + 1 - start,
+            start + pre_pages * ps - pre,
+            pre - start,
+            first_new - pre_pages,
+        ),
+        dim=1,
     )
-    pos = pre[req] + torch.arange(total, device=device) - starts[req]
-    out = last[req] + 1 + (pos - pre[req])
+    # output_size keeps repeat_interleave from reading ext back to the host.
+    g = per_req.repeat_interleave(ext, dim=0, output_size=total)
+    t = torch.arange(total, device=device)
+    out = g[:, 0] + t
     if new_pages.numel() > 0:
-        slot_page = first_new[req] + pos // ps - pre_pages[req]
-        # Continuation positions compute an out-of-range index; clamp it and
-        # let torch.where drop it, which keeps the shape data-independent.
-        slot_page = slot_page.clamp_(0, new_pages.numel() - 1)
-        fresh = new_pages.to(device)[slot_page] * ps + pos % ps
-        out = torch.where(pos < pre_pages[req] * ps, out, fresh)
+        pos = t + g[:, 2]
+        # Continuation tokens compute an out-of-range index; clamp it and let
+        # torch.where drop the result, so the shape stays data-independent.
+        nth = (g[:, 3] + pos // ps).clamp_(0, new_pages.numel() - 1)
+        fresh = new_pages.to(device)[nth] * ps + pos % ps
+        out = torch.where(t < g[:, 1], out, fresh)
     return out
 
 
@@ -137,13 +146,42 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             return None
         return (pages[:, None] * self.page_size + self._page_offsets).reshape(-1)
 
-    def _check_batch(self, name, *tensors) -> None:
+    @staticmethod
+    def _check_batch(name, *tensors) -> None:
         lens = {len(t) for t in tensors}
         if len(lens) != 1:
             raise ValueError(
                 f"{name}: batch tensors differ in length ({sorted(lens)}); "
                 "pass one entry per request in each"
             )
+
+    @classmethod
+    def check_extend_args(
+        cls, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens
+    ) -> None:
+        """Raise ValueError for an extend batch no layout can serve.
+
+        Host-side only: the CPU copies of the lengths exist so nothing syncs.
+        """
+        cls._check_batch(
+            "alloc_extend", prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc
+        )
+        ext_cpu = seq_lens_cpu.to(torch.int64) - prefix_lens_cpu.to(torch.int64)
+        if len(ext_cpu) and int(ext_cpu.min()) < 0:
+            raise ValueError("alloc_extend: a seq_len is below its prefix_len")
+        if len(prefix_lens_cpu) and int(prefix_lens_cpu.min()) < 0:
+            raise ValueError("alloc_extend: a prefix_len is negative")
+        if int(ext_cpu.sum()) != int(extend_num_tokens):
+            raise ValueError(
+                f"alloc_extend: extend_num_tokens={extend_num_tokens} but the "
+                f"batch extends by {int(ext_cpu.sum())} tokens; pass sum(seq - prefix)"
+            )
+
+    @classmethod
+    def check_decode_args(cls, seq_lens, seq_lens_cpu, last_loc) -> None:
+        cls._check_batch("alloc_decode", seq_lens, seq_lens_cpu, last_loc)
+        if len(seq_lens_cpu) and int(seq_lens_cpu.min()) < 1:
+            raise ValueError("alloc_decode: every seq_len must be >= 1 (it counts the new token)")
 
     def alloc_extend(
         self,
@@ -155,25 +193,19 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         extend_num_tokens: int,
         num_new_pages: Optional[int] = None,
     ) -> Optional[torch.Tensor]:
-        self._check_batch(
-            "alloc_extend", prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc
+        self.check_extend_args(
+            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens
         )
-        # Host-side checks only: the CPU copies exist so that nothing syncs.
-        ext_cpu = seq_lens_cpu.to(torch.int64) - prefix_lens_cpu.to(torch.int64)
-        if len(ext_cpu) and int(ext_cpu.min()) < 0:
-            raise ValueError("alloc_extend: a seq_len is below its prefix_len")
-        if int(ext_cpu.sum()) != int(extend_num_tokens):
-            raise ValueError(
-                f"alloc_extend: extend_num_tokens={extend_num_tokens} but the "
-                f"batch extends by {int(ext_cpu.sum())} tokens; pass sum(seq - prefix)"
-            )
         if num_new_pages is None:
             num_new_pages = get_num_new_pages(
                 seq_lens=seq_lens_cpu, page_size=self.page_size, prefix_lens=prefix_lens_cpu
             )
+        return self._extend(prefix_lens, seq_lens, last_loc, extend_num_tokens, num_new_pages)
+
+    def _extend(self, prefix_lens, seq_lens, last_loc, extend_num_tokens, num_new_pages):
+        """alloc_extend after its argument checks (the hybrid checks once for both pools)."""
         if self.debug_mode:
             assert torch.all((last_loc + 1) % self.page_size == prefix_lens % self.page_size)
-
         pages = self._take_pages(int(num_new_pages))
         if pages is None:
             return None
@@ -190,14 +222,16 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         seq_lens_cpu: torch.Tensor,
         last_loc: torch.Tensor,
     ) -> Optional[torch.Tensor]:
-        self._check_batch("alloc_decode", seq_lens, seq_lens_cpu, last_loc)
-        if len(seq_lens_cpu) and int(seq_lens_cpu.min()) < 1:
-            raise ValueError("alloc_decode: every seq_len must be >= 1 (it counts the new token)")
-        if self.debug_mode:
-            assert torch.all((last_loc + 2) % self.page_size == seq_lens % self.page_size)
+        self.check_decode_args(seq_lens, seq_lens_cpu, last_loc)
         num_new_pages = get_num_new_pages(
             seq_lens=seq_lens_cpu, page_size=self.page_size, decode=True
         )
+        return self._decode(seq_lens, last_loc, num_new_pages)
+
+    def _decode(self, seq_lens, last_loc, num_new_pages):
+        """alloc_decode after its argument checks."""
+        if self.debug_mode:
+            assert torch.all((last_loc + 2) % self.page_size == seq_lens % self.page_size)
         pages = self._take_pages(num_new_pages)
         if pages is None:
             return None

@@ -283,6 +283,9 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         extend_num_tokens: int,
     ) -> Optional[torch.Tensor]:
         self._require_paged("alloc_extend")
+        PagedTokenToKVPoolAllocator.check_extend_args(
+            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens
+        )
         num_new_pages = get_num_new_pages(
             seq_lens=seq_lens_cpu, page_size=self.page_size, prefix_lens=prefix_lens_cpu
         )
@@ -300,15 +303,13 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
         # Translate before allocating: the SWA row continues its own last slot.
         swa_last_loc = self.translate_loc_from_full_to_swa(last_loc)
-        full = self.full_attn_allocator.alloc_extend(
-            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc,
-            extend_num_tokens, num_new_pages=num_new_pages,
+        full = self.full_attn_allocator._extend(
+            prefix_lens, seq_lens, last_loc, extend_num_tokens, num_new_pages
         )
         if full is None:
             return None
-        swa = self.swa_attn_allocator.alloc_extend(
-            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, swa_last_loc,
-            extend_num_tokens, num_new_pages=num_new_pages,
+        swa = self.swa_attn_allocator._extend(
+            prefix_lens, seq_lens, swa_last_loc, extend_num_tokens, num_new_pages
         )
         assert swa is not None, "SWA pool ran short after new_pages_available said yes"
         self.set_full_to_swa_mapping(full, swa)
@@ -340,6 +341,9 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
                 f"0..extend_num_tokens={extend_num_tokens}; the tail is part of the extend"
             )
 
+        PagedTokenToKVPoolAllocator.check_extend_args(
+            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens
+        )
         num_full_pages = get_num_new_pages(
             seq_lens=seq_lens_cpu, page_size=self.page_size, prefix_lens=prefix_lens_cpu
         )
@@ -354,9 +358,8 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
                 extend_num_tokens, num_new_pages=num_full_pages,
             )
 
-        full = self.full_attn_allocator.alloc_extend(
-            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc,
-            extend_num_tokens, num_new_pages=num_full_pages,
+        full = self.full_attn_allocator._extend(
+            prefix_lens, seq_lens, last_loc, extend_num_tokens, num_full_pages
         )
         if full is None:
             return None
@@ -370,14 +373,13 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             return full
 
         dev = self.device
-        swa = self.swa_attn_allocator.alloc_extend(
+        # A fresh SWA row for the tail: prefix 0, no last slot (-1).
+        swa = self.swa_attn_allocator._extend(
             torch.zeros((1,), dtype=torch.int64, device=dev),
-            torch.zeros((1,), dtype=torch.int64),
             torch.full((1,), swa_tail_len, dtype=torch.int64, device=dev),
-            torch.full((1,), swa_tail_len, dtype=torch.int64),
             torch.full((1,), -1, dtype=torch.int64, device=dev),
             swa_tail_len,
-            num_new_pages=num_swa_pages,
+            num_swa_pages,
         )
         assert swa is not None, "SWA pool ran short after new_pages_available said yes"
         self.set_full_to_swa_mapping(full[head:], swa)
@@ -390,6 +392,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         last_loc: torch.Tensor,
     ) -> Optional[torch.Tensor]:
         self._require_paged("alloc_decode")
+        PagedTokenToKVPoolAllocator.check_decode_args(seq_lens, seq_lens_cpu, last_loc)
         if self._swa_req_ring:
             return self.full_attn_allocator.alloc_decode(seq_lens, seq_lens_cpu, last_loc)
 
@@ -401,8 +404,10 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         if not self.new_pages_available(num_new_pages, num_new_pages):
             return None
         swa_last_loc = self.translate_loc_from_full_to_swa(last_loc)
-        full = self.full_attn_allocator.alloc_decode(seq_lens, seq_lens_cpu, last_loc)
-        swa = self.swa_attn_allocator.alloc_decode(seq_lens, seq_lens_cpu, swa_last_loc)
+        full = self.full_attn_allocator._decode(seq_lens, last_loc, num_new_pages)
+        if full is None:
+            return None
+        swa = self.swa_attn_allocator._decode(seq_lens, swa_last_loc, num_new_pages)
         assert full is not None and swa is not None
         self.set_full_to_swa_mapping(full, swa)
         return full

@@ -461,3 +461,65 @@ def test_empty_index_calls_are_no_ops():
     a.set_full_to_swa_mapping(empty, empty)
     a.clear_full_to_swa_mapping(empty)
     assert snapshot(a) == before
+
+
+def test_malformed_batches_refused_unchanged():
+    a = hybrid(size=64, size_swa=64, page_size=4)
+    extend(a, [0], [5], [-1])
+    before = snapshot(a)
+    pre, sl = T(0, 0), T(4, 4)
+    with pytest.raises(ValueError, match="differ in length"):
+        a.alloc_extend(pre, pre, T(4), T(4), T(-1, -1), 8)
+    with pytest.raises(ValueError, match="extend_num_tokens=7"):
+        a.alloc_extend(pre, pre, sl, sl, T(-1, -1), 7)
+    with pytest.raises(ValueError, match="below its prefix_len"):
+        a.alloc_extend(T(5), T(5), T(4), T(4), T(8), -1)
+    with pytest.raises(ValueError, match="differ in length"):
+        a.alloc_decode(T(6, 7), T(6, 7), T(8))
+    with pytest.raises(ValueError, match=">= 1"):
+        a.alloc_decode(T(0), T(0), T(-1))
+    assert snapshot(a) == before
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_matches_cpu_slot_for_slot():
+    from impl.factory import make_allocator
+
+    def run(device):
+        a = make_allocator(dict(kind="hybrid", size=256, size_swa=128, page_size=4, device=device))
+        dev = torch.device(device)
+        pre, sl = T(0, 3).to(dev), T(9, 12).to(dev)
+        row = a.alloc_extend(pre, pre.cpu(), sl, sl.cpu(), T(-1, -1).to(dev), 18)
+        seq = T(10, 13)
+        dec = a.alloc_decode(seq.to(dev), seq, torch.stack([row[8], row[-1]]))
+        a.free_swa(row[:4])
+        a.free_full(row[:4])
+        a.free(torch.cat([row[4:], dec]))
+        return row.tolist(), dec.tolist(), snapshot(a)
+
+    assert run("cuda") == run("cpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_strict_guard_is_an_async_device_assert():
+    import subprocess
+    import sys
+    import textwrap
+
+    # A device assert poisons the CUDA context, so it runs in its own process.
+    code = textwrap.dedent(
+        """
+        import torch
+        from impl.factory import make_allocator
+        a = make_allocator(dict(kind="hybrid", size=64, size_swa=64, page_size=1,
+                                device="cuda", check_level="strict"))
+        full = a.alloc(2)
+        a.free_full(full)      # returns without a host sync
+        print("returned", flush=True)
+        torch.cuda.synchronize()
+        """
+    )
+    root = __import__("os").path.dirname(__import__("impl").__path__[0])
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
+    assert "returned" in proc.stdout
+    assert proc.returncode != 0
