@@ -25,6 +25,8 @@ from typing import Optional
 
 import torch
 
+from impl.invariants import hit_counts
+
 
 def _check_page_aligned(start_pos: int, page_size: int) -> None:
     if int(start_pos) % page_size != 0:
@@ -72,6 +74,10 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
 
     def get_kvcache(self):
         return self._kvcache
+
+    def invariant_hits(self) -> dict[str, int]:
+        """Cumulative invariant hits by name (process-wide; see impl.invariants)."""
+        return hit_counts()
 
     def debug_print(self) -> str:
         return ""

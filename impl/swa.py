@@ -2,15 +2,17 @@
 
 Two pools: a full one (every token of every request) and an SWA one (only
 the recent window). ``full_to_swa_index_mapping[f]`` is the SWA peer of full
-slot ``f`` (0: none). Its trailing entry is -1, so translating a ``last_loc``
-of -1 ("no prefix") yields -1 on the SWA side too.
+slot ``f``, 0 meaning unpaired. One extra entry at the end holds -1: requests
+without a prefix pass last_loc = -1, and the lookup must hand the SWA side
+that same "nothing before me" marker.
 
 Invariants checked here:
-- ``swa.peer_mapped`` (FATAL_UNCONTAINABLE): a token-granular SWA free reads
-  its target from the mapping; an entry of 0 would push the padding slot into
-  the SWA free list and it would then be handed out twice.
-- ``swa.peer_released`` (GUARD): ``free_full`` leaves the mapping alone, so a
-  slot that still has a peer would strand that SWA slot forever.
+- ``swa.peer_mapped`` (FATAL_UNCONTAINABLE): at page_size 1 the SWA slots to
+  release are read straight out of the mapping. Reading 0 there means the
+  padding slot would join the SWA free list, and two requests would later
+  share it: pool-wide corruption.
+- ``swa.peer_released`` (GUARD): ``free_full`` does not look at the SWA side;
+  a slot freed while still paired leaves its SWA slot owned by nobody.
 
 Contract breaks by the caller that cannot be allowed to corrupt state are
 refused with ValueError (RuntimeError for a nested free group), always before
@@ -26,7 +28,7 @@ import torch
 
 from impl.backend import get_backend
 from impl.base import BaseTokenToKVPoolAllocator, _check_page_aligned
-from impl.invariants import Bucket, Invariant, IsTrue, expect, hit_counts
+from impl.invariants import Bucket, Invariant, IsTrue, expect
 from impl.paged import PagedTokenToKVPoolAllocator, get_num_new_pages
 from impl.token import TokenToKVPoolAllocator
 
@@ -48,7 +50,8 @@ def _require_kvcache(kvcache) -> None:
 class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     """Full and SWA allocators side by side, joined by the full->SWA mapping."""
 
-    # A class default, so subclasses that skip this __init__ read "no ring".
+    # Defaults on the class: is_swa_req_ring must work on subclasses whose
+    # own __init__ never runs this one (the pure-SWA allocator, for one).
     _swa_req_ring = False
     _swa_ring_cost = 0
     _req_to_token_pool = None
@@ -109,8 +112,8 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
                 size_swa, page_size, dtype, device, swa_kv_pool, need_sort
             )
 
-        # Covers every slot a page can reach (size + page_size), then the -1
-        # sentinel that a last_loc of -1 indexes.
+        # size + page_size entries reach the last slot of the last page; the
+        # extra final entry is the -1 sentinel (see the module docstring).
         self.full_to_swa_index_mapping = torch.cat(
             [
                 torch.zeros(size + page_size, dtype=torch.int64, device=device),
@@ -159,8 +162,8 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
     def available_size(self) -> int:
         if self._swa_req_ring:
-            # Rings are reserved per request slot and reused by decode, so
-            # only the full pool limits token growth.
+            # Each admitted request already holds its whole ring, and decode
+            # writes around it; new tokens cost full-pool slots only.
             return self.full_attn_allocator.available_size()
         return min(
             self.full_attn_allocator.available_size(),
@@ -198,10 +201,6 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             f"#swa-available-size: {self.swa_available_size()}, "
             f"#full-attn-available-size: {self.full_attn_allocator.available_size()}, "
         )
-
-    def invariant_hits(self) -> dict[str, int]:
-        """Cumulative invariant hit counts by name (process-wide, see impl.invariants)."""
-        return hit_counts()
 
     def get_all_free_pages(self):
         # Two pools: ask full_attn_allocator / swa_attn_allocator instead.
@@ -415,10 +414,12 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     # ------------------------------------------------------------ free
 
     def free(self, free_index: torch.Tensor) -> None:
-        """Release full slots and their SWA peers.
+        """Release full slots and their SWA peers. Calling it twice on the
+        same slots is a double free.
 
-        Not idempotent. SWA side first: it reads the mapping, which a cache
-        action later in the same free group may point elsewhere.
+        The SWA half runs first because it is the half that consults the
+        mapping; inside a group, a load-back after this call may rewrite
+        those entries, and the peers to release are the ones paired now.
         """
         if free_index.numel() == 0:
             return
@@ -431,8 +432,8 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         if free_index.numel() == 0:
             return
         if self.page_size == 1:
-            # No filter of unpaired entries: it would make the shape
-            # data-dependent (a host sync). The invariant catches them instead.
+            # Dropping unpaired entries here would need a boolean mask, whose
+            # result size the host must read back; the check reports them.
             where = free_index
             swa = self.full_to_swa_index_mapping[where]
             expect(SWA_PEER_MAPPED, swa > 0, msg="slot has no SWA peer; the caller wants free_full")
@@ -443,17 +444,18 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         self.clear_full_to_swa_mapping(where)
 
         if self.free_group is not None:
-            # Ownership is settled now (swa is a gathered copy): a cache action
-            # later in the group may pair these full slots again.
+            # Hold the SWA ids as read now, not the full ids: before the group
+            # ends, a load-back may give these full slots new peers, and those
+            # must survive the flush.
             self.swa_free_group.append(swa)
             return
         self._release_swa(swa)
 
     def _release_swa(self, swa_indices: torch.Tensor) -> None:
         if self.page_size > 1:
-            # A page can hold unpaired slots (a load-back may pair a
-            # page-aligned full chunk with an SWA chunk that starts mid-page),
-            # so drop the zeros: one filter per release, not per slot.
+            # Whole-page expansion also reads slots that were never paired
+            # (e.g. a load-back whose SWA chunk began mid-page); their 0 must
+            # not reach the free list. The mask costs one sync per release.
             swa_indices = swa_indices[swa_indices > 0]
         self.swa_attn_allocator.free(swa_indices)
         assert self.swa_attn_allocator.available_size() <= self.swa_attn_allocator.size
@@ -462,8 +464,9 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         """Release full slots whose SWA peers the caller already released."""
         if free_index.numel() == 0:
             return
-        # Judged now, at enqueue: inside a group a later cache action may pair
-        # the slot again, and that new peer is not this call's concern.
+        # Checked against the mapping as it is now. Within a group, a later
+        # load-back may legally pair the slot again before the flush; that is
+        # not an error of this call.
         expect(
             SWA_PEER_RELEASED,
             self.full_to_swa_index_mapping[free_index] == 0,
@@ -476,7 +479,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         _check_page_aligned(start_pos, self.page_size)
         if free_index.numel() == 0:
             return
-        # SWA first, as in free().
+        # Mapping reads before anything else, for the reason given in free().
         self.free_swa(free_index)
         self.full_attn_allocator.free_segment(free_index, start_pos=start_pos)
 
@@ -496,7 +499,8 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     def free_group_begin(self) -> None:
         super().free_group_begin()
         self.swa_free_group = []
-        # The full side has no pile here: its own allocator's group defers it.
+        # Full-side frees are held by full_attn_allocator's own group; this
+        # object keeps only the SWA ids it resolved at enqueue.
         self.full_attn_allocator.free_group_begin()
 
     def free_group_end(self) -> None:
@@ -511,8 +515,9 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     def _expand_to_full_pages(self, indices: torch.Tensor) -> torch.Tensor:
         """Every slot of every page ``indices`` touches.
 
-        Duplicates stay: a unique would have a data-dependent shape (a sync),
-        and each consumer ends in the paged free's own per-page dedup.
+        Two indices on one page give that page twice. Removing the repeat
+        would take a unique (unknown output size, so a host sync); the paged
+        free dedups pages itself, so the repeat costs nothing downstream.
         """
         ps = self.page_size
         base = (indices.to(torch.int64) // ps) * ps
@@ -546,7 +551,8 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
                 )
         self._size_full = size_full
         if not self._swa_req_ring:
-            # A ring's capacity follows the request slots, not the token count.
+            # In ring mode SWA capacity is request slots x ring cost, which a
+            # token-count resize does not change.
             self._size_swa = size_swa
         for alloc, new in (
             (self.full_attn_allocator, size_full),
@@ -642,8 +648,8 @@ class PureSWATokenToKVPoolAllocator(SWATokenToKVPoolAllocator):
         return kv_indices
 
     def set_full_to_swa_mapping(self, full_indices, swa_indices) -> None:
-        # The identity mapping is registered with the KV pool and read by
-        # attention; rewriting it would break the one-pool addressing.
+        # The identity table doubles as the attention kernels' address map
+        # (registered with the KV pool); there is no second pool to point into.
         raise NotImplementedError("PureSWATokenToKVPoolAllocator has no full->SWA mapping to rewrite")
 
     def clear_full_to_swa_mapping(self, full_indices) -> None:
@@ -677,18 +683,21 @@ class PureSWATokenToKVPoolAllocator(SWATokenToKVPoolAllocator):
         self.free(free_index)
 
     def free_full(self, free_index: torch.Tensor) -> None:
-        # No full pool: once the SWA side is gone there is nothing left.
+        # Every layer reads the SWA pool, so there is no separate full slot to
+        # give back; free / free_swa already returned the only copy.
         return
 
     def free_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
-        # One pool: the hybrid's SWA half plus full half would free twice.
+        # The hybrid splits this into SWA + full halves; with one pool both
+        # halves are the same slots, so that would release them twice.
         self.free(free_index)
 
     def free_full_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
         return
 
     def free_group_begin(self) -> None:
-        # The hybrid's hooks drive two allocators; here there is one.
+        # Not the hybrid's hooks: those open a group on a second allocator and
+        # keep an SWA id list, neither of which exists here.
         BaseTokenToKVPoolAllocator.free_group_begin(self)
 
     def free_group_end(self) -> None:

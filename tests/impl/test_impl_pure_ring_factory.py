@@ -311,3 +311,36 @@ def test_npu_emulated_backend_equals_cpu_backend(page_size):
         else:
             results.append(_workload(a))
     assert results[0] == results[1] == results[2]
+
+
+# ---------------------------------------------------------------- KV pool
+
+
+def test_kv_pool_tags_translation_and_cpu_copies():
+    kv = SWAKVPool(16, 8, 4, "cpu")
+    assert len(kv.full_kv_pool.kv_buffer) == 20 and len(kv.swa_kv_pool.kv_buffer) == 12
+    assert kv.full_kv_pool.kv_buffer.dtype == torch.int64 and kv.swa_req_ring_size is None
+    with pytest.raises(RuntimeError, match="register_mapping"):
+        kv.translate_loc_from_full_to_swa(T(1))
+    m = torch.zeros(21, dtype=torch.int64)
+    kv.register_mapping(m)
+    m[5] = 7
+    assert kv.translate_loc_from_full_to_swa(T(5, 4)).tolist() == [7, 0]
+    kv.invalidate_loc_cache()
+    kv.swa_kv_pool.kv_buffer[7] = 77
+    copy = kv.swa_kv_pool.get_cpu_copy(T(7))
+    kv.swa_kv_pool.load_cpu_copy(copy + 1, T(3))
+    assert kv.swa_kv_pool.kv_buffer[3].item() == 78
+    with pytest.raises(ValueError):
+        kv.swa_kv_pool.load_cpu_copy(copy, T(1, 2))
+
+
+def test_every_allocator_reports_invariant_hits():
+    from impl.token import TokenToKVPoolAllocator
+
+    a = hybrid(size=8, size_swa=8, page_size=1)
+    full = a.alloc(1)
+    with inv.override_level("warn"):
+        a.free_full(full)
+    sub = TokenToKVPoolAllocator(4, torch.int64, "cpu", None, False)
+    assert sub.invariant_hits()["swa.peer_released"] == a.invariant_hits()["swa.peer_released"] == 1
