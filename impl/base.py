@@ -165,10 +165,10 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
         self.free(free_index)
 
     def free_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
-        """Free ``row[start_pos:start_pos + n]`` of one request.
+        """Free the ``n`` positions of one request that begin at ``start_pos``.
 
-        ``start_pos`` must be page-aligned; the end may sit mid-page and that
-        page is released whole.
+        The start has to be a multiple of page_size; the last position may
+        fall anywhere in its page, which goes back to the pool in full.
         """
         _check_page_aligned(start_pos, self.page_size)
         self.free(free_index)
@@ -194,9 +194,10 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
         return segments
 
     def free_segments(self, segments) -> None:
-        """Free ascending ``(free_index, start_pos)`` segments of one request's row.
+        """Several ``(free_index, start_pos)`` pieces of one request at once.
 
-        All are checked before any is freed, so a bad list changes nothing.
+        Pieces come in position order and never share a page. The whole list
+        is checked before the first piece is freed, so a bad list is a no-op.
         """
         segments = self._check_segments(segments)
         for free_index, start_pos in segments:

@@ -251,12 +251,12 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             self._debug_check_no_duplicate_pages()
 
     def free_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
-        """Release the pages of ``row[start_pos:start_pos + n]``.
+        """Release the pages under one request's positions start_pos.. .
 
-        The row's positions sit consecutively within each page and the
-        segment starts on a page boundary, so every page's first slot is in
-        ``free_index[::page_size]``: one representative per page, found with
-        no unique and so no data-dependent shape.
+        Because ``start_pos`` is a page boundary and a request fills each of
+        its pages in position order, element 0, ps, 2*ps, ... of
+        ``free_index`` lands on each page exactly once. A strided slice has a
+        size known in advance, unlike ``torch.unique``.
         """
         _check_page_aligned(start_pos, self.page_size)
         if free_index.numel() == 0:

@@ -16,7 +16,8 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         self.clear()
 
     def clear(self) -> None:
-        # Slot 0 is the padding slot that padded tokens write into: never free.
+        # Padded batch entries write their junk KV into slot 0, so it is kept
+        # out of circulation for good.
         self.free_pages = torch.arange(1, self.size + 1, dtype=torch.int64, device=self.device)
         self._staged, self._num_staged = [], 0
         self.free_group = None
