@@ -346,8 +346,14 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         num_full_pages = get_num_new_pages(
             seq_lens=seq_lens_cpu, page_size=self.page_size, prefix_lens=prefix_lens_cpu
         )
-        # The tail starts on a fresh SWA row, so it needs ceil(tail / ps) pages.
-        num_swa_pages = _ceil_div(swa_tail_len, self.page_size)
+        ps = self.page_size
+        seq_len = int(seq_lens_cpu[0])
+        tail_start = seq_len - swa_tail_len
+        # The tail keeps its full slots' in-page offsets, so that a later
+        # extend or decode, which pages by full positions, continues the SWA
+        # row inside its own page, and no SWA page pairs two full pages.
+        tail_page_start = (tail_start // ps) * ps
+        num_swa_pages = _ceil_div(seq_len, ps) - tail_start // ps if swa_tail_len else 0
         if not self.new_pages_available(num_full_pages, num_swa_pages):
             return None
 
@@ -372,16 +378,17 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             return full
 
         dev = self.device
-        # A fresh SWA row for the tail: prefix 0, no last slot (-1).
+        # Fresh SWA pages laid out from the tail's first page boundary; the
+        # slots before the tail on that page stay unpaired.
         swa = self.swa_attn_allocator._extend(
-            torch.zeros((1,), dtype=torch.int64, device=dev),
-            torch.full((1,), swa_tail_len, dtype=torch.int64, device=dev),
+            torch.full((1,), tail_page_start, dtype=torch.int64, device=dev),
+            torch.full((1,), seq_len, dtype=torch.int64, device=dev),
             torch.full((1,), -1, dtype=torch.int64, device=dev),
-            swa_tail_len,
+            seq_len - tail_page_start,
             num_swa_pages,
         )
         assert swa is not None, "SWA pool ran short after new_pages_available said yes"
-        self.set_full_to_swa_mapping(full[head:], swa)
+        self.set_full_to_swa_mapping(full[head:], swa[tail_start - tail_page_start :])
         return full
 
     def alloc_decode(

@@ -332,8 +332,10 @@ def test_swa_tail_pairs_only_the_last_tokens():
     a = hybrid(size=64, size_swa=64, page_size=4)
     full = tail(a, 0, 10, -1, 3)
     assert full.tolist() == list(range(4, 14))
-    assert peers(a, full) == [0] * 7 + [4, 5, 6]
-    assert a.swa_available_size() == 64 - 4
+    # Positions 7..9 keep their in-page offsets (3, 0, 1) on the SWA side, so the
+    # tail spans two SWA pages (FINDINGS.md: a packed tail lets decode overrun).
+    assert peers(a, full) == [0] * 7 + [7, 8, 9]
+    assert a.swa_available_size() == 64 - 8
     assert a.full_available_size() == 64 - 12
 
 
@@ -352,7 +354,8 @@ def test_swa_tail_clears_stale_peers_on_recycled_pages(tail_len):
     a.full_to_swa_index_mapping[4:8] = torch.tensor([9, 10, 11, 12])
     full = tail(a, 0, 4, -1, tail_len)
     assert full.tolist() == [4, 5, 6, 7]
-    want = [0] * (4 - tail_len) + list(range(4, 4 + tail_len))
+    # The tail sits at its full offsets on a fresh SWA page (page 1: slots 4..7).
+    want = [0] * (4 - tail_len) + list(range(8 - tail_len, 8))
     assert peers(a, full) == want
 
 

@@ -1,0 +1,56 @@
+"""Hypothesis profiles and the harness's pytest options (SPEC 4.3, 4.4).
+
+Profiles: `fast` (local default), `ci` (deterministic, bounded; CI=true selects it),
+`nightly` (long soak), `crosshair` (the crosshair backend). Pick one with
+`--hypothesis-profile=NAME`. `--target` and `--device` choose what the lockstep
+properties run against.
+"""
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, Phase, Verbosity, settings
+
+_common = dict(
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
+    stateful_step_count=40,
+)
+settings.register_profile("fast", max_examples=60, **_common)
+settings.register_profile("ci", max_examples=200, derandomize=True, print_blob=True, **_common)
+settings.register_profile(
+    "nightly",
+    max_examples=6000,
+    **{**_common, "stateful_step_count": 60},
+)
+settings.register_profile(
+    "crosshair",
+    backend="crosshair",
+    max_examples=20,
+    **{**_common, "stateful_step_count": 10},
+)
+settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "fast"))
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("swa-lockstep")
+    group.addoption(
+        "--target",
+        default="impl",
+        help="allocator under test: impl (default), a seeded-bug variant name, or module:callable",
+    )
+    group.addoption(
+        "--device",
+        default="cpu",
+        help="torch device for the target: cpu (default), cuda, npu",
+    )
+
+
+@pytest.fixture(scope="session")
+def target_spec(request):
+    return request.config.getoption("--target")
+
+
+@pytest.fixture(scope="session")
+def device(request):
+    return request.config.getoption("--device")

@@ -1,0 +1,650 @@
+"""The lockstep driver: one workload step runs on the model and on a target, then compared.
+
+The driver plays the scheduler: it keeps each request's row (its full slots by
+position), turns a step into allocator calls, asks the model whether each call keeps
+the caller's contract, runs it on the target, and compares what the target returned
+and the state the call touched. A full census (every page, every peer) runs every
+`census_every` steps, after clear/resize/group end, and at the end.
+"""
+
+from __future__ import annotations
+
+import types
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+
+from properties import observe
+from properties.steps import (
+    Admit, AdmitTail, Break, Clear, Decode, DropTail, Evict, Extend, Finish,
+    GroupBegin, GroupEnd, MergeSort, Repair, Resize, Step, StepFormatError,
+)
+from reference import Contract, Model, Violation, layout, names
+
+RELEASED = -1  # a pure SWA row's position whose slot window eviction released
+_TOLERATED = object()  # result of a call whose broken contract the target accepted
+
+
+def runs_of(slots: list[int], pred) -> list[tuple[int, int]]:
+    """Maximal runs [lo, hi) of positions whose slot satisfies pred."""
+    out, lo = [], None
+    for i, s in enumerate(slots):
+        if pred(s):
+            if lo is None:
+                lo = i
+        elif lo is not None:
+            out.append((lo, i))
+            lo = None
+    if lo is not None:
+        out.append((lo, len(slots)))
+    return out
+
+
+CONFIG_KEYS = ("kind", "size", "size_swa", "page_size", "device", "need_sort", "ring_size", "req_slots", "check_level")
+LEVELS = ("off", "warn", "strict")
+
+
+class LockstepFailure(AssertionError):
+    """The target diverged from the model: names the invariant, the step, and what differs."""
+
+    def __init__(self, invariant: str, index: int, step: Step | None, details: list[str]):
+        self.invariant = invariant
+        self.index = index
+        self.step = step
+        self.details = details
+        where = f"step {index}: {step!r}" if step is not None else "teardown census"
+        lines = [f"{invariant} at {where}"] + [f"  - {d}" for d in details[:8]]
+        if len(details) > 8:
+            lines.append(f"  ... {len(details) - 8} more")
+        super().__init__("\n".join(lines))
+
+
+def check_config(config: dict) -> dict:
+    """A complete, validated configuration (SPEC 4.3); ValueError names a bad key."""
+    cfg = {"device": "cpu", "need_sort": False, "ring_size": None, "req_slots": None, "check_level": "strict"}
+    cfg.update(config)
+    unknown = set(cfg) - set(CONFIG_KEYS) - {"backend"}
+    if unknown:
+        raise ValueError(f"unknown config key {sorted(unknown)[0]!r}; known: {', '.join(CONFIG_KEYS)}")
+    if cfg.get("kind") not in ("hybrid", "pure_swa"):
+        raise ValueError(f"config key 'kind' must be 'hybrid' or 'pure_swa', got {cfg.get('kind')!r}")
+    for key in ("size", "size_swa", "page_size"):
+        v = cfg.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < (1 if key == "page_size" else 0):
+            raise ValueError(f"config key {key!r} must be a non-negative integer (page_size >= 1), got {v!r}")
+    if cfg["check_level"] not in LEVELS:
+        raise ValueError(f"config key 'check_level' must be one of {', '.join(LEVELS)}, got {cfg['check_level']!r}")
+    if cfg["ring_size"] is not None and not isinstance(cfg["req_slots"], int):
+        raise ValueError("config key 'req_slots' must be an integer when 'ring_size' is set")
+    return cfg
+
+
+@dataclass
+class _Row:
+    slots: list[int]  # full slot of each position
+    req_slot: int | None = None
+
+
+@dataclass
+class _Reaction:
+    """What the target must do with one call, from the contract and the level."""
+
+    kind: str  # "run": legal; "raise": clear error, state unchanged; "count"/"silent": accepted
+    contract: Contract | None = None
+
+
+def _expected(contract: Contract | None, level: str) -> _Reaction:
+    if contract is None:
+        return _Reaction("run")
+    if contract.reaction == names.ERROR:
+        return _Reaction("raise", contract)
+    if contract.reaction == names.UNNOTICED:
+        return _Reaction("skip", contract)
+    # The guards (SPEC 2.1): swa.peer_mapped is FATAL_UNCONTAINABLE, swa.peer_released GUARD.
+    if level == "off":
+        return _Reaction("silent", contract)
+    if level == "warn" and contract.reaction == names.PEER_RELEASED:
+        return _Reaction("count", contract)
+    return _Reaction("raise", contract)
+
+
+@dataclass
+class Lockstep:
+    """Runs steps on a model and a target allocator in lockstep."""
+
+    config: dict
+    target: object  # make(config) -> allocator
+    census_every: int = 16
+    rows: dict[int, _Row] = field(default_factory=dict)
+    labels: Counter = field(default_factory=Counter)
+
+    def __post_init__(self):
+        self.config = check_config(self.config)
+        c = self.config
+        self.alloc = self.target(dict(c))
+        self.model = Model(c["kind"], c["size"], c["size_swa"], c["page_size"], c["need_sort"], c["ring_size"], c["req_slots"])
+        self.ps = c["page_size"]
+        self.level = c["check_level"]
+        self.device = self.alloc.full_to_swa_index_mapping.device
+        self.tags = observe.Tags(self.alloc)
+        self.ghosts: dict[int, list[int]] = {}
+        self.index = -1
+        self.step: Step | None = None
+        self.tainted: str | None = None
+        self.steps_run = 0
+        self.census()
+
+    # ----------------------------------------------------------- plumbing
+    def _fail(self, violations: list[Violation] | Violation) -> None:
+        if isinstance(violations, Violation):
+            violations = [violations]
+        if violations:
+            raise LockstepFailure(violations[0].invariant, self.index, self.step, [str(v) for v in violations])
+
+    def _t(self, values, cpu: bool = False) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64, device="cpu" if cpu else self.device)
+
+    @property
+    def pure(self) -> bool:
+        return self.config["kind"] == "pure_swa"
+
+    @property
+    def ring(self) -> bool:
+        return self.config["ring_size"] is not None
+
+    def _row(self, rid: int, field_name: str = "rid") -> _Row:
+        row = self.rows.get(rid)
+        if row is None:
+            raise StepFormatError(field_name, f"request {rid} is not live")
+        return row
+
+    def _invoke(self, what: str, fn, contract: Contract | None):
+        """Run one call as its contract and the level require; returns (ran, result)."""
+        reaction = _expected(contract, self.level)
+        if reaction.kind == "skip":
+            self.labels[f"contract broken: {contract.name}"] += 1
+            return False, None
+        before = observe.hits(self.alloc)
+        try:
+            result, exc = fn(), None
+        except Exception as e:  # a target's error is data here, compared below
+            result, exc = None, e
+        after = observe.hits(self.alloc)
+        if exc is not None and reaction.kind != "raise":
+            inv = getattr(exc, "invariant", None) or "crash"
+            detail = f"{what} raised {type(exc).__name__}: {exc}"
+            if contract is None:
+                detail += " on a legal call"
+            self._fail(Violation(inv, detail))
+        if exc is None and reaction.kind == "raise":
+            inv = contract.reaction if contract.reaction in names.GUARDS else f"contract.{contract.name}"
+            self._fail(Violation(inv, f"{what} returned normally, but {contract} must raise at level {self.level}"))
+        if exc is not None:
+            named = getattr(exc, "invariant", None)
+            if contract.reaction in names.GUARDS and named not in (None, contract.reaction):
+                self._fail(Violation(contract.reaction, f"{what} raised for {named}, want {contract.reaction}"))
+        if before is not None and after is not None:
+            for g in names.GUARDS:
+                fired = after.get(g, 0) > before.get(g, 0)
+                should = reaction.kind == "count" and contract.reaction == g
+                if fired and not should and reaction.kind != "raise":
+                    self._fail(Violation(g, f"{what} counted {after.get(g, 0) - before.get(g, 0)} hits of {g} on a call that keeps the contract" if contract is None else f"{what} counted {g} for {contract}"))
+                if should and not fired:
+                    self._fail(Violation(g, f"{what} counted no hit of {g} at level warn for {contract}"))
+        if reaction.kind == "raise":
+            self.labels[f"contract refused: {contract.name}"] += 1
+            self._check_unchanged(what)
+            return False, None
+        if reaction.kind in ("count", "silent"):
+            self.labels[f"guard {reaction.kind}: {contract.reaction}"] += 1
+            if contract.reaction == names.PEER_RELEASED:
+                # Tolerated, as production runs at warn: the model strands the peers
+                # and the run goes on (a later call must cope with the stale entries).
+                return True, _TOLERATED
+            # swa.peer_mapped accepted at off hands out the padding slot: from here on
+            # the state is the caller's fault, so this run compares nothing more.
+            self.tainted = f"step {self.index}: {contract} accepted at level {self.level}"
+            return False, None
+        return True, result
+
+    def _check_unchanged(self, what: str) -> None:
+        v = self.model.check_sizes(observe.sizes(self.alloc))
+        v += self.census_violations()
+        self._fail([Violation(names.ATOMIC, f"{what} raised but changed state: {x}") for x in v])
+
+    def _after_call(self, touched_full: list[int]) -> None:
+        v = self.model.check_sizes(observe.sizes(self.alloc))
+        if not self.pure and not self.ring:
+            v += self.model.check_peers(touched_full, observe.peers(self.alloc, touched_full))
+        s = observe.sentinel(self.alloc)
+        if s != -1:
+            v.append(Violation(names.SENTINEL, f"mapping[-1] is {s}, not -1"))
+        if v:
+            # The census says which pages and peers differ, not only that a count does.
+            v += self.census_violations()
+        self._fail(v)
+
+    def _tag(self, rid: int, positions: range, full: list[int]) -> None:
+        if not self.tags.enabled:
+            return
+        values = [observe.Tags.value(rid, p) for p in positions]
+        self.tags.write("full", full, values)
+        if not self.pure and not self.ring:
+            pairs = [(self.model.peer[f], val) for f, val in zip(full, values) if f in self.model.peer]
+            if pairs:
+                self.tags.write("swa", [s for s, _ in pairs], [val for _, val in pairs])
+
+    def _check_tags(self, rid: int, lo: int, slots: list[int], swa_too: bool) -> None:
+        """Before a free: every slot still holds what its owner wrote (kv.integrity)."""
+        if not self.tags.enabled or not slots:
+            return
+        want = [observe.Tags.value(rid, lo + i) for i in range(len(slots))]
+        got = self.tags.read("full", slots)
+        bad = [(lo + i, s, g) for i, (s, g, w) in enumerate(zip(slots, got, want)) if g != w]
+        if swa_too and not self.pure and not self.ring:
+            paired = [(lo + i, self.model.peer[s]) for i, s in enumerate(slots) if s in self.model.peer]
+            got = self.tags.read("swa", [s for _, s in paired])
+            bad += [(p, s, g) for (p, s), g in zip(paired, got) if g != observe.Tags.value(rid, p)]
+        if bad:
+            p, s, g = bad[0]
+            self._fail(Violation(names.KV_INTEGRITY, f"request {rid} position {p}: slot {s} holds tag {g:#x}, its owner wrote {observe.Tags.value(rid, p):#x} ({len(bad)} slots overwritten)"))
+
+    # ------------------------------------------------------------- public
+    def run(self, step: Step) -> None:
+        """Run one step; raises LockstepFailure on a divergence, StepFormatError on a bad step."""
+        if self.tainted:
+            return
+        self.index += 1
+        self.step = step
+        getattr(self, "_" + step.op)(step)
+        self.steps_run += 1
+        if not self.tainted and self.census_every and self.index % self.census_every == self.census_every - 1:
+            self.census()
+
+    def census_violations(self, context: str = "") -> list[Violation]:
+        a = self.alloc
+        full_free = observe.free_pages(a.full_attn_allocator)
+        swa_free = None if self.pure or self.ring else observe.free_pages(a.swa_attn_allocator)
+        v = self.model.census(full_free, swa_free, observe.mapping(a), context)
+        v += self.model.check_sizes(observe.sizes(a))
+        open_now = getattr(a, "free_group", None) is not None
+        if open_now != self.model.group_open:
+            v.append(Violation(names.GROUP_DEFERRED, f"the allocator's free group is {'open' if open_now else 'closed'}, the model's {'open' if self.model.group_open else 'closed'}"))
+        model_errors = self.model.self_check()
+        if model_errors:  # the model itself broke SPEC 3.1: a harness bug, said as such
+            v += [Violation(x.invariant, f"reference model inconsistent: {x.detail}") for x in model_errors]
+        return v
+
+    def census(self, context: str = "") -> None:
+        if self.tainted:
+            return
+        self._fail(self.census_violations(context))
+
+    # --------------------------------------------------------------- allocs
+    def _alloc_rows(self, what: str, batch: list[tuple[int, int, int]], new: bool) -> list[int] | None:
+        """Grow rows: batch of (rid, prefix_len, seq_len). Returns the full slots or None."""
+        m, a = self.model, self.alloc
+        rids = [r for r, _, _ in batch]
+        prefix = [p for _, p, _ in batch]
+        seq = [s for _, _, s in batch]
+        last = [self.rows[r].slots[-1] if p else -1 for r, p, _ in batch]
+        if self.ps == 1:
+            total = sum(seq) - sum(prefix)
+            ran, res = self._invoke(f"alloc({total})", lambda: a.alloc(total), m.classify_alloc(total))
+            if not ran:
+                return None
+            full = None if res is None else res.tolist()
+            swa = None if full is None or self.pure else observe.peers(a, full)
+            owners = [r for r, p, s in batch for _ in range(s - p)]
+            self._fail(m.alloc(total, full, swa, owners))
+        else:
+            contract = m.classify_paged("alloc_decode" if what == "decode" else "alloc_extend")
+            contract = contract or m.classify_continuation(prefix, last)
+            if what == "decode":
+                fn = lambda: a.alloc_decode(self._t(seq), self._t(seq, True), self._t(last))
+            else:
+                fn = lambda: a.alloc_extend(
+                    self._t(prefix), self._t(prefix, True), self._t(seq), self._t(seq, True), self._t(last), sum(seq) - sum(prefix)
+                )
+            ran, res = self._invoke(what, fn, contract)
+            if not ran:
+                return None
+            full = None if res is None else res.tolist()
+            swa = None if full is None or self.ring else observe.peers(a, full)
+            check = m.alloc_decode(seq, last, full, swa, rids) if what == "decode" else m.alloc_extend(prefix, seq, last, full, swa, rids)
+            self._fail(check)
+        if full is None:
+            self.labels["pool exhausted"] += 1
+            self._after_call([])
+            return None
+        self._after_call(full)
+        i = 0
+        for r, p, s in batch:
+            chunk = full[i : i + s - p]
+            i += s - p
+            if new:
+                self.rows[r].slots = chunk
+            else:
+                self.rows[r].slots.extend(chunk)
+            self._tag(r, range(p, s), chunk)
+        return full
+
+    def _take_req_slots(self, rids: list[int]) -> list[int]:
+        """Ring mode: each admitted request holds a request slot; returns those admitted."""
+        admitted = []
+        for r in rids:
+            slot = None
+            if self.ring:
+                slot = self.alloc._req_to_token_pool.alloc()
+                self._fail(self.model.req_alloc(slot))
+                if slot is None:
+                    self.labels["request slots exhausted"] += 1
+                    continue
+            self.rows[r] = _Row([], slot)
+            admitted.append(r)
+        return admitted
+
+    def _drop_rows(self, rids: list[int]) -> None:
+        for r in rids:
+            row = self.rows.pop(r)
+            if row.req_slot is not None:
+                self.alloc._req_to_token_pool.free(row.req_slot)
+                self.model.req_free_slot(row.req_slot)
+
+    def _admit(self, step: Admit) -> None:
+        for i, (r, n) in enumerate(step.reqs):
+            if r in self.rows or n < 1:
+                raise StepFormatError("reqs", f"entry {i}: request {r} must be new and length {n} >= 1")
+        admitted = self._take_req_slots([r for r, _ in step.reqs])
+        lengths = dict(step.reqs)
+        if not admitted:
+            return
+        if self._alloc_rows("admit", [(r, 0, lengths[r]) for r in admitted], new=True) is None:
+            self._drop_rows(admitted)
+
+    def _extend(self, step: Extend) -> None:
+        batch = []
+        for i, (r, n) in enumerate(step.reqs):
+            if n < 1:
+                raise StepFormatError("reqs", f"entry {i}: add {n} must be >= 1")
+            L = len(self._row(r, "reqs").slots)
+            batch.append((r, L, L + n))
+            if L % self.ps:
+                self.labels["extend from a prefix inside a page"] += 1
+        self._alloc_rows("extend", batch, new=False)
+
+    def _decode(self, step: Decode) -> None:
+        batch = []
+        for r in step.rids:
+            L = len(self._row(r, "rids").slots)
+            batch.append((r, L, L + 1))
+            if L % self.ps == 0 and self.ps > 1:
+                self.labels["decode onto a new page"] += 1
+        self._alloc_rows("decode", batch, new=False)
+
+    def _admit_tail(self, step: AdmitTail) -> None:
+        m, a = self.model, self.alloc
+        r, n, tail = step.rid, step.length, step.tail
+        if r in self.rows or n < 1:
+            raise StepFormatError("rid", f"request {r} must be new and length {n} >= 1")
+        if not self._take_req_slots([r]):
+            return
+        contract = m.classify_tail([0], [n], n, tail)
+        fn = lambda: a.alloc_extend_swa_tail(self._t([0]), self._t([0], True), self._t([n]), self._t([n], True), self._t([-1]), n, tail)
+        ran, res = self._invoke(f"alloc_extend_swa_tail(tail={tail})", fn, contract)
+        full = None if not ran or res is None else res.tolist()
+        if ran:
+            swa = None if full is None or self.ring else observe.peers(a, full)
+            self._fail(m.alloc_extend_swa_tail(0, n, -1, tail, full, swa, r))
+        if full is None:
+            self.labels["pool exhausted"] += ran
+            self._drop_rows([r])
+            if ran:
+                self._after_call([])
+            return
+        self.labels["admitted with an SWA tail" if tail else "admitted with an empty SWA tail"] += 1
+        self._after_call(full)
+        self.rows[r].slots = full
+        self._tag(r, range(0, n), full)
+
+    # ---------------------------------------------------------------- frees
+    def _free_call(self, call: str, rid: int, lo: int, slots: list[int], start_pos: int | None = None) -> bool:
+        """One free-like call on positions lo.. of request rid; True when it ran."""
+        m, a = self.model, self.alloc
+        contract = m.classify_free(call, slots, start_pos, rid)
+        if contract is None:
+            self._check_tags(rid, lo, slots, swa_too=call != "free_full")
+        idx = self._t(slots)
+        if start_pos is None:
+            fn = lambda: getattr(a, call)(idx)
+        else:
+            fn = lambda: getattr(a, call)(idx, start_pos=start_pos)
+        ran, res = self._invoke(f"{call}(request {rid}, positions {lo}..{lo + len(slots) - 1})", fn, contract)
+        if not ran:
+            return False
+        touched = layout.expand_to_pages(slots, self.ps) if self.ps > 1 else slots
+        touched = [f for f in touched if f < m.mapping_len - 1]
+        if res is _TOLERATED:
+            m.strand(slots)
+        else:
+            m.free(call, slots)
+        if m.group_open:
+            self.labels[f"group holding a {call}"] += 1
+        self._after_call(touched)
+        return True
+
+    def _evict(self, step: Evict) -> None:
+        row = self._row(step.rid)
+        if not 0 <= step.lo < step.hi <= len(row.slots):
+            raise StepFormatError("hi", f"positions {step.lo}..{step.hi - 1} outside request {step.rid}'s {len(row.slots)}")
+        if self._free_call("free_swa", step.rid, step.lo, row.slots[step.lo : step.hi]):
+            self.labels["window evicted"] += 1
+            if self.pure:  # one pool: the evicted positions hold no slot any more
+                row.slots[step.lo : step.hi] = [RELEASED] * (step.hi - step.lo)
+
+    def _repair(self, step: Repair) -> None:
+        m, a = self.model, self.alloc
+        row = self._row(step.rid)
+        lo, n, off = step.lo, step.n, step.offset
+        if self.pure or self.ring:
+            raise StepFormatError("op", "repair needs a hybrid allocator without a ring")
+        if n < 1 or not 0 <= lo < lo + n <= len(row.slots) or not 0 <= off < self.ps or lo % self.ps:
+            raise StepFormatError("n", f"positions {lo}..{lo + n - 1} (offset {off}) do not fit request {step.rid}")
+        full = row.slots[lo : lo + n]
+        contract = m.classify_repair(full)
+        if contract is not None:
+            self.labels[f"contract broken: {contract.name}"] += 1
+            return
+        pages = layout.pages_spanned(off + n, self.ps)
+        ran, res = self._invoke(f"swa_attn_allocator.alloc({pages * self.ps})", lambda: a.swa_attn_allocator.alloc(pages * self.ps), None)
+        swa_all = None if res is None else res.tolist()
+        self._fail(m.swa_alloc(pages * self.ps, swa_all))
+        if swa_all is None:
+            self.labels["pool exhausted"] += 1
+            return
+        swa = swa_all[off : off + n]
+        ran, _ = self._invoke("set_full_to_swa_mapping", lambda: a.set_full_to_swa_mapping(self._t(full), self._t(swa)), None)
+        m.set_mapping(full, swa)
+        self.labels["evicted then re-paired"] += 1
+        if off:
+            self.labels["re-paired from inside an SWA page"] += 1
+        if m.group_open:
+            self.labels["group holding a re-pair"] += 1
+        self._after_call(full)
+        self.tags.write("swa", swa, [observe.Tags.value(step.rid, lo + i) for i in range(n)])
+
+    def _finish_calls(self, rid: int, how: str) -> list[tuple[str, int, int]]:
+        """(call, lo, hi) runs that release a whole row the way `how` names."""
+        row = self.rows[rid]
+        L, ps, peer = len(row.slots), self.ps, self.model.peer
+        if self.pure:
+            return [("free", lo, hi) for lo, hi in runs_of(row.slots, lambda s: s != RELEASED)]
+        if self.ring:
+            return [("free", 0, L)]
+        # A page with any paired position is freed with free (SWA side first); the rest
+        # with free_full. At page_size 1 that is per position.
+        runs: list[tuple[str, int, int]] = []
+        for lo in range(0, L, ps):
+            hi = min(lo + ps, L)
+            call = "free" if any(s in peer for s in row.slots[lo:hi]) else "free_full"
+            if runs and runs[-1][0] == call:
+                runs[-1] = (call, runs[-1][1], hi)
+            else:
+                runs.append((call, lo, hi))
+        if how == "free" and (ps > 1 or all(c == "free" for c, _, _ in runs)):
+            return [("free", 0, L)]
+        return runs
+
+    def _finish(self, step: Finish) -> None:
+        row = self._row(step.rid)
+        L = len(row.slots)
+        if step.how == "segments" and self.ps > 1 and not self.pure:
+            segs = [(row.slots[lo : min(lo + self.ps, L)], lo) for lo in range(0, L, self.ps)]
+            if not self._free_segments(step.rid, segs):
+                return
+        else:
+            for call, lo, hi in self._finish_calls(step.rid, step.how):
+                if not self._free_call(call, step.rid, lo, row.slots[lo:hi]):
+                    return
+        self.labels[f"finished by {step.how}"] += 1
+        self.ghosts = {step.rid: row.slots}
+        self._drop_rows([step.rid])
+
+    def _free_segments(self, rid: int, segs: list[tuple[list[int], int]]) -> bool:
+        m, a = self.model, self.alloc
+        contract = m.classify_segments(segs, rid)
+        if contract is None:
+            for idx, lo in segs:
+                self._check_tags(rid, lo, idx, swa_too=True)
+        arg = [(self._t(idx), lo) for idx, lo in segs]
+        ran, _ = self._invoke(f"free_segments(request {rid}, {len(segs)} segments)", lambda: a.free_segments(arg), contract)
+        if not ran:
+            return False
+        touched = []
+        for idx, _ in segs:
+            m.free("free_segment", idx)
+            touched += layout.expand_to_pages(idx, self.ps)
+        self._after_call([f for f in touched if f < m.mapping_len - 1])
+        self.labels["freed by free_segments"] += 1
+        return True
+
+    def _drop_tail(self, step: DropTail) -> None:
+        row = self._row(step.rid)
+        if not 0 <= step.keep < len(row.slots):
+            raise StepFormatError("keep", f"keep {step.keep} outside 0..{len(row.slots) - 1}")
+        if self._free_call("free_segment", step.rid, step.keep, row.slots[step.keep :], start_pos=step.keep):
+            self.labels["tail dropped"] += 1
+            row.slots = row.slots[: step.keep]
+            if not row.slots:
+                self._drop_rows([step.rid])
+
+    # --------------------------------------------------------------- others
+    def _group_begin(self, step: GroupBegin) -> None:
+        ran, _ = self._invoke("free_group_begin", self.alloc.free_group_begin, self.model.classify_group_begin())
+        if ran:
+            self.model.group_begin()
+            self._after_call([])
+
+    def _group_end(self, step: GroupEnd) -> None:
+        if not self.model.group_open:
+            raise StepFormatError("op", "group_end with no open group")
+        self._invoke("free_group_end", self.alloc.free_group_end, None)
+        self.model.group_end()
+        self.labels["group ended"] += 1
+        self.census("group")
+
+    def _merge_sort(self, step: MergeSort) -> None:
+        subs = [self.alloc.full_attn_allocator]
+        if self.alloc.swa_attn_allocator is not subs[0]:
+            subs.append(self.alloc.swa_attn_allocator)
+        for sub in subs:
+            self._invoke("merge_and_sort_free", sub.merge_and_sort_free, None)
+        self._after_call([])
+
+    def _forget_rows(self) -> None:
+        self._drop_rows(list(self.rows))
+        self.ghosts = {}
+
+    def _clear(self, step: Clear) -> None:
+        if self.model.group_open:
+            self.labels["clear inside a group"] += 1
+        self._invoke("clear", self.alloc.clear, None)
+        self.model.clear()
+        self._forget_rows()
+        self.census()
+
+    def _resize(self, step: Resize) -> None:
+        cfg = types.SimpleNamespace(full_max_total_num_tokens=step.size, swa_max_total_num_tokens=step.size_swa)
+        ran, _ = self._invoke(f"resize({step.size}, {step.size_swa})", lambda: self.alloc.resize(cfg), self.model.classify_resize(step.size, step.size_swa))
+        if ran:
+            self.model.resize(step.size, step.size_swa)
+            self._forget_rows()
+            self.labels["resized"] += 1
+            self.census()
+
+    def _break(self, step: Break) -> None:
+        """A deliberate contract break; the model must classify it, the target react as owed."""
+        m, a, ps, kind = self.model, self.alloc, self.ps, step.kind
+        if kind in ("nested_group", "tail_batch", "tail_long", "paged_on_token", "alloc_on_paged", "resize_grow", "never_allocated", "double_free"):
+            row = None
+        else:
+            row = self._row(step.rid)
+        t = self._t
+        if kind == "free_unpaired":
+            slots = [s for s in row.slots if s not in m.peer][:1] or row.slots[:1]
+            what, contract = "free", m.classify_free("free", slots, None, step.rid)
+            fn = lambda: a.free(t(slots))
+        elif kind == "free_full_paired":
+            # A request finished with free_full although some positions keep SWA peers.
+            if self._free_call("free_full", step.rid, 0, row.slots) and not self.tainted:
+                self.ghosts = {step.rid: row.slots}
+                self._drop_rows([step.rid])
+            self.labels[f"contract break: {kind}"] += 1
+            return
+        elif kind == "double_free":
+            slots = next(iter(self.ghosts.values()), [])[:1]
+            if not slots:
+                raise StepFormatError("kind", "double_free needs a finished request")
+            what, contract = "free", m.classify_free("free", slots, None, -1)
+            fn = lambda: a.free(t(slots))
+        elif kind == "never_allocated":
+            page = min(m.full.free) if m.full.free else None
+            if page is None:
+                raise StepFormatError("kind", "never_allocated needs a free page")
+            slots = [page * ps]
+            what, contract = "free", m.classify_free("free", slots, None, -1)
+            fn = lambda: a.free(t(slots))
+        elif kind == "partial_page":
+            slots = row.slots[:1]
+            what, contract = "free_full", m.classify_free("free_full" if not slots or slots[0] not in m.peer else "free", slots, None, step.rid)
+            what = "free_full" if slots and slots[0] not in m.peer else "free"
+            fn = lambda: getattr(a, what)(t(slots))
+        elif kind == "nested_group":
+            what, contract, fn = "free_group_begin", m.classify_group_begin(), a.free_group_begin
+        elif kind == "unaligned_segment":
+            slots = row.slots[1:]
+            what, contract = "free_segment", m.classify_free("free_segment", slots, 1, step.rid)
+            fn = lambda: a.free_segment(t(slots), start_pos=1)
+        elif kind in ("tail_batch", "tail_long"):
+            bs, n = (2, 2) if kind == "tail_batch" else (1, 2)
+            tail = 1 if kind == "tail_batch" else n + 1
+            what, contract = "alloc_extend_swa_tail", m.classify_tail([0] * bs, [n] * bs, n * bs, tail)
+            fn = lambda: a.alloc_extend_swa_tail(t([0] * bs), t([0] * bs, True), t([n] * bs), t([n] * bs, True), t([-1] * bs), n * bs, tail)
+        elif kind == "paged_on_token":
+            what, contract = "alloc_extend", m.classify_paged("alloc_extend")
+            fn = lambda: a.alloc_extend(t([0]), t([0], True), t([1]), t([1], True), t([-1]), 1)
+        elif kind == "alloc_on_paged":
+            what, contract = "alloc", m.classify_alloc(ps)
+            fn = lambda: a.alloc(ps)
+        elif kind == "resize_grow":
+            size, size_swa = m.built_size + ps, m.built_size_swa + ps
+            what, contract = "resize", m.classify_resize(size, size_swa)
+            cfg = types.SimpleNamespace(full_max_total_num_tokens=size, swa_max_total_num_tokens=size_swa)
+            fn = lambda: a.resize(cfg)
+        else:
+            raise StepFormatError("kind", f"unknown contract break {kind!r}")
+        if contract is None:
+            raise StepFormatError("kind", f"{kind} keeps the contract in this state (the model sees no break)")
+        self.labels[f"contract break: {kind}"] += 1
+        self._invoke(f"{what} ({kind})", fn, contract)

@@ -1,0 +1,269 @@
+"""The hypothesis state machine that drives a request workload through the lockstep driver.
+
+Rules draw small, shrinkable choices (which live request, how long, which kind of
+free) and turn them into workload steps the current state can take; the driver
+runs each step on the model and the target and compares. Hypothesis's own stateful
+rule selection is swarm testing: each run switches a random subset of rules off.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import event, note, reject
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+
+from properties.lockstep import RELEASED, Lockstep, runs_of
+from properties.steps import (
+    BREAKS, FINISH_HOWS, Admit, AdmitTail, Break, Clear, Decode, DropTail, Evict, Extend,
+    Finish, GroupBegin, GroupEnd, MergeSort, Repair, Resize, Step,
+)
+from properties.targets import Target, resolve
+
+# Every coverage label any run reached, so a test can show each one is reached.
+LABELS_SEEN: Counter = Counter()
+
+PAGE_SIZES = (1, 2, 4, 16)
+
+
+@st.composite
+def configs(draw, device: str = "cpu") -> dict:
+    """A configuration of SPEC 4.1: small pools that run out, every mode and level."""
+    kind = draw(st.sampled_from(("hybrid", "hybrid", "hybrid", "pure_swa")))
+    ps = 1 if kind == "pure_swa" else draw(st.sampled_from(PAGE_SIZES))
+    pages = draw(st.integers(2, 24))
+    swa_pages = pages if kind == "pure_swa" else draw(st.integers(2, 24))
+    ring = kind == "hybrid" and ps > 1 and draw(st.integers(0, 4)) == 0
+    return {
+        "kind": kind,
+        "size": pages * ps,
+        "size_swa": swa_pages * ps,
+        "page_size": ps,
+        "device": device,
+        "need_sort": draw(st.booleans()),
+        "ring_size": draw(st.integers(1, 2 * ps)) if ring else None,
+        "req_slots": draw(st.integers(1, 6)) if ring else None,
+        "check_level": draw(st.sampled_from(("strict", "strict", "warn", "off"))),
+    }
+
+
+class LockstepMachine(RuleBasedStateMachine):
+    """Subclassed by `machine_for` with a target and a device."""
+
+    target: Target = staticmethod(resolve("impl"))
+    device: str = "cpu"
+    census_every: int = 16
+
+    def __init__(self):
+        super().__init__()
+        self.ls: Lockstep | None = None
+        self.next_rid = 0
+        self._seen: Counter = Counter()
+        self.failed = False
+
+    # ------------------------------------------------------------ helpers
+    @property
+    def ok(self) -> bool:
+        # A run the caller tainted (a broken contract accepted) goes on as no-ops:
+        # hypothesis needs a rule it can always take.
+        return self.ls is not None
+
+    def _go(self, step: Step) -> None:
+        if self.ls.tainted:
+            return
+        note(f"step {self.ls.index + 1}: {step!r}")
+        try:
+            self.ls.run(step)
+        except BaseException:
+            self.failed = True
+            raise
+        finally:
+            for label, n in self.ls.labels.items():
+                if n > self._seen[label]:
+                    event(label)
+                    LABELS_SEEN[label] += n - self._seen[label]
+                    self._seen[label] = n
+
+    def _pick(self, i: int) -> int:
+        rids = sorted(self.ls.rows)
+        return rids[i % len(rids)]
+
+    def _new_rid(self) -> int:
+        self.next_rid += 1
+        return self.next_rid - 1
+
+    def _len(self, raw: int) -> int:
+        return 1 + (raw - 1) % (3 * self.ls.ps + 2)
+
+    def _has_rows(self) -> bool:
+        return self.ok and bool(self.ls.rows)
+
+    def _paired(self, slot: int) -> bool:
+        """Whether a position's slot still holds SWA KV."""
+        return slot != RELEASED if self.ls.pure else slot in self.ls.model.peer
+
+    def _runs(self, rid: int, paired: bool) -> list[tuple[int, int]]:
+        """Maximal runs [lo, hi) of positions that are (un)paired."""
+        return runs_of(self.ls.rows[rid].slots, lambda s: self._paired(s) == paired)
+
+    # --------------------------------------------------------------- init
+    @initialize(config=configs())
+    def init(self, config):
+        config = dict(config, device=self.device)
+        try:
+            self.ls = Lockstep(config, type(self).target, census_every=self.census_every)
+        except NotImplementedError as e:
+            # SPEC 4.3: skip what the target does not build, and say so in the statistics.
+            event(f"configuration not supported by the target: {e}")
+            LABELS_SEEN["unsupported configuration"] += 1
+            reject()
+        event(f"page_size {config['page_size']}, {config['kind']}{', ring' if config['ring_size'] else ''}, level {config['check_level']}")
+
+    # -------------------------------------------------------------- rules
+    @precondition(lambda self: self.ok)
+    @rule(lengths=st.lists(st.integers(1, 64), min_size=1, max_size=3))
+    def admit(self, lengths):
+        self._go(Admit(tuple((self._new_rid(), self._len(n)) for n in lengths)))
+
+    @precondition(lambda self: self.ok and self.ls.ps > 1 and not self.ls.pure)
+    @rule(length=st.integers(1, 64), tail=st.integers(0, 64))
+    def admit_tail(self, length, tail):
+        n = self._len(length)
+        self._go(AdmitTail(self._new_rid(), n, tail % (n + 1)))
+
+    @precondition(_has_rows)
+    @rule(picks=st.lists(st.integers(0, 63), min_size=1, max_size=2, unique=True), add=st.integers(1, 64))
+    def extend(self, picks, add):
+        rids = sorted({self._pick(i) for i in picks})
+        self._go(Extend(tuple((r, self._len(add)) for r in rids)))
+
+    @precondition(_has_rows)
+    @rule(picks=st.lists(st.integers(0, 63), min_size=1, max_size=4, unique=True))
+    def decode(self, picks):
+        self._go(Decode(tuple(sorted({self._pick(i) for i in picks}))))
+
+    @precondition(_has_rows)
+    @rule(pick=st.integers(0, 63), span=st.integers(1, 64))
+    def evict(self, pick, span):
+        rid = self._pick(pick)
+        runs = self._runs(rid, paired=True)
+        if not runs:
+            return
+        lo, hi = runs[0]
+        if self.ls.ps > 1:
+            hi = len(self.ls.rows[rid].slots)  # the allocator evicts whole pages anyway
+        self._go(Evict(rid, lo, min(hi, lo + span)))
+
+    @precondition(lambda self: self._has_rows() and not self.ls.pure and not self.ls.ring)
+    @rule(pick=st.integers(0, 63), n=st.integers(1, 64), offset=st.integers(0, 15))
+    def repair(self, pick, n, offset):
+        rid = self._pick(pick)
+        ps = self.ls.ps
+        for lo, hi in self._runs(rid, paired=False):
+            lo = -(-lo // ps) * ps  # a load-back starts on a full page
+            if lo < hi:
+                self._go(Repair(rid, lo, min(n, hi - lo), offset % ps))
+                return
+
+    @precondition(_has_rows)
+    @rule(pick=st.integers(0, 63), how=st.sampled_from(FINISH_HOWS))
+    def finish(self, pick, how):
+        rid = self._pick(pick)
+        if self.ls.ps == 1 and how != "split" and self._runs(rid, paired=False):
+            how = "split"  # free of a position with no SWA peer breaks a contract at page 1
+        self._go(Finish(rid, how))
+
+    @precondition(_has_rows)
+    @rule(pick=st.integers(0, 63), keep=st.integers(0, 64))
+    def drop_tail(self, pick, keep):
+        rid = self._pick(pick)
+        L, ps = len(self.ls.rows[rid].slots), self.ls.ps
+        if ps > 1:
+            keep = (keep % -(-L // ps)) * ps
+        else:
+            unpaired = self._runs(rid, paired=False)
+            floor = unpaired[-1][1] if unpaired else 0
+            if floor >= L:
+                return
+            keep = floor + keep % (L - floor)
+        self._go(DropTail(rid, keep))
+
+    @precondition(lambda self: self.ok and not self.ls.model.group_open)
+    @rule()
+    def group_begin(self):
+        self._go(GroupBegin())
+
+    @precondition(lambda self: self.ok and self.ls.model.group_open)
+    @rule()
+    def group_end(self):
+        self._go(GroupEnd())
+
+    @precondition(lambda self: self.ok)
+    @rule(op=st.sampled_from(("merge_sort", "clear", "resize")), full=st.integers(0, 64), swa=st.integers(0, 64))
+    def maintain(self, op, full, swa):
+        """Upkeep that touches every page: merge/sort the free lists, clear, or resize."""
+        if op == "merge_sort":
+            self._go(MergeSort())
+        elif op == "clear":
+            self._go(Clear())
+        else:
+            m, ps = self.ls.model, self.ls.ps
+            size = (1 + full % (m.built_size // ps)) * ps
+            size_swa = size if m.pure else (1 + swa % (m.built_size_swa // ps)) * ps
+            self._go(Resize(size, size_swa))
+
+    @precondition(lambda self: self.ok)
+    @rule(kind=st.sampled_from(BREAKS), pick=st.integers(0, 63))
+    def contract_break(self, kind, pick):
+        step = self._break_step(kind, pick)
+        if step is not None:
+            self._go(step)
+
+    def _break_step(self, kind: str, pick: int) -> Break | None:
+        """The break, where the current state can make it; None where it cannot."""
+        ls, m = self.ls, self.ls.model
+        hybrid = not m.pure
+        if kind == "nested_group":
+            return Break(kind) if m.group_open else None
+        if kind in ("tail_batch", "tail_long"):
+            return Break(kind) if ls.ps > 1 and hybrid else None
+        if kind == "paged_on_token":
+            return Break(kind) if ls.ps == 1 else None
+        if kind == "alloc_on_paged":
+            return Break(kind) if ls.ps > 1 else None
+        if kind == "resize_grow":
+            return Break(kind)
+        if kind == "double_free":
+            return Break(kind) if ls.ghosts else None
+        if kind == "never_allocated":
+            return Break(kind) if m.full.free else None
+        if not ls.rows:
+            return None
+        rid = self._pick(pick)
+        slots = ls.rows[rid].slots
+        if kind == "free_unpaired":
+            ok = hybrid and ls.ps == 1 and not ls.ring and any(s not in m.peer for s in slots)
+        elif kind == "free_full_paired":
+            ok = hybrid and any(s in m.peer for s in slots)
+        elif kind == "partial_page":
+            ok = ls.ps > 1 and len(slots) > 1
+        else:  # unaligned_segment
+            ok = ls.ps > 1 and len(slots) > 1
+        return Break(kind, rid) if ok else None
+
+    # ----------------------------------------------------------- teardown
+    def teardown(self):
+        if self.ls is not None and not self.ls.tainted and not self.failed:
+            self.ls.index += 1
+            self.ls.step = None
+            self.ls.census()
+
+
+def machine_for(target: Target | None = None, device: str = "cpu", census_every: int = 16) -> type[LockstepMachine]:
+    """A LockstepMachine class bound to one target and device."""
+    return type(
+        "LockstepMachine",
+        (LockstepMachine,),
+        {"target": staticmethod(target or resolve("impl")), "device": device, "census_every": census_every},
+    )

@@ -1,0 +1,78 @@
+"""Reads a target allocator's state into plain Python, through sglang's own names.
+
+Everything the comparison needs goes through here, so a target only has to have
+sglang's attributes: `full_attn_allocator`, `swa_attn_allocator` (each with
+`free_pages` and `release_pages`), `full_to_swa_index_mapping`, the
+`*available_size()` methods, and optionally `invariant_hits()` and a KV pool whose
+sub-pools hold a tag buffer (`kv_buffer`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def sizes(alloc) -> dict[str, int]:
+    return {
+        "available_size": int(alloc.available_size()),
+        "full_available_size": int(alloc.full_available_size()),
+        "swa_available_size": int(alloc.swa_available_size()),
+    }
+
+
+def free_pages(sub) -> list[int]:
+    """Free and staged pages (slots at page_size 1) of one sub-allocator."""
+    parts = [sub.free_pages]
+    staged = getattr(sub, "release_pages", None)
+    if staged is not None and staged.numel():
+        parts.append(staged)
+    return torch.cat([p.reshape(-1).to(torch.int64) for p in parts]).tolist()
+
+
+def mapping(alloc) -> list[int]:
+    return alloc.full_to_swa_index_mapping.tolist()
+
+
+def peers(alloc, full_slots: list[int]) -> list[int]:
+    if not full_slots:
+        return []
+    m = alloc.full_to_swa_index_mapping
+    return m[torch.tensor(full_slots, dtype=torch.int64, device=m.device)].tolist()
+
+
+def sentinel(alloc) -> int:
+    return int(alloc.full_to_swa_index_mapping[-1])
+
+
+def hits(alloc) -> dict[str, int] | None:
+    f = getattr(alloc, "invariant_hits", None)
+    return None if f is None else dict(f())
+
+
+class Tags:
+    """Tags written into the KV pools at allocation and read back at free (kv.integrity)."""
+
+    def __init__(self, alloc):
+        kv = alloc.get_kvcache() if hasattr(alloc, "get_kvcache") else None
+        self.full = getattr(getattr(kv, "full_kv_pool", None), "kv_buffer", None)
+        self.swa = getattr(getattr(kv, "swa_kv_pool", None), "kv_buffer", None)
+        self.enabled = isinstance(self.full, torch.Tensor) and isinstance(self.swa, torch.Tensor)
+
+    @staticmethod
+    def value(rid: int, pos: int) -> int:
+        return (rid + 1) * (1 << 24) + pos
+
+    def _idx(self, buf, slots):
+        return torch.tensor(slots, dtype=torch.int64, device=buf.device)
+
+    def write(self, buf_name: str, slots: list[int], values: list[int]) -> None:
+        if not self.enabled or not slots:
+            return
+        buf = getattr(self, buf_name)
+        buf[self._idx(buf, slots)] = torch.tensor(values, dtype=buf.dtype, device=buf.device)
+
+    def read(self, buf_name: str, slots: list[int]) -> list[int]:
+        if not self.enabled or not slots:
+            return []
+        buf = getattr(self, buf_name)
+        return buf[self._idx(buf, slots)].tolist()

@@ -1,0 +1,146 @@
+"""Pure page arithmetic and layouts, with contracts that `crosshair check` analyses.
+
+Everything here is a total function of small integers and lists of integers, so the
+model can use it per call and crosshair can search it for counterexamples.
+"""
+
+from __future__ import annotations
+
+
+def page_of(slot: int, page_size: int) -> int:
+    """
+    pre: slot >= 0
+    pre: page_size >= 1
+    post: __return__ * page_size <= slot < (__return__ + 1) * page_size
+    """
+    return slot // page_size
+
+
+def pages_spanned(num_tokens: int, page_size: int) -> int:
+    """Pages that hold positions 0..num_tokens-1.
+
+    pre: num_tokens >= 0
+    pre: page_size >= 1
+    post: __return__ * page_size >= num_tokens
+    post: (__return__ - 1) * page_size < num_tokens or __return__ == 0
+    """
+    return (num_tokens + page_size - 1) // page_size
+
+
+def new_pages(prefix_len: int, seq_len: int, page_size: int) -> int:
+    """Pages a request needs to grow from prefix_len to seq_len positions.
+
+    pre: 0 <= prefix_len <= seq_len
+    pre: page_size >= 1
+    post: __return__ >= 0
+    post: __return__ <= (seq_len - prefix_len + page_size - 1) // page_size
+    post: seq_len == prefix_len or prefix_len % page_size != 0 or __return__ >= 1
+    """
+    return pages_spanned(seq_len, page_size) - pages_spanned(prefix_len, page_size)
+
+
+def total_new_pages(prefix_lens: list[int], seq_lens: list[int], page_size: int) -> int:
+    """
+    pre: len(prefix_lens) == len(seq_lens)
+    pre: all(0 <= p <= s for p, s in zip(prefix_lens, seq_lens))
+    pre: page_size >= 1
+    post: __return__ >= 0
+    post: __return__ <= sum(seq_lens) - sum(prefix_lens)
+    """
+    return sum(new_pages(p, s, page_size) for p, s in zip(prefix_lens, seq_lens))
+
+
+def continued_count(prefix_len: int, seq_len: int, page_size: int) -> int:
+    """How many of the new positions continue the request's last, partial page.
+
+    pre: 0 <= prefix_len <= seq_len
+    pre: page_size >= 1
+    post: 0 <= __return__ <= seq_len - prefix_len
+    post: __return__ < page_size
+    post: prefix_len % page_size != 0 or __return__ == 0
+    post: __return__ == seq_len - prefix_len or (prefix_len + __return__) % page_size == 0
+    """
+    if prefix_len % page_size == 0:
+        return 0
+    return min(seq_len, (prefix_len // page_size + 1) * page_size) - prefix_len
+
+
+def extend_layout(
+    prefix_len: int, seq_len: int, last_loc: int, pages: list[int], page_size: int
+) -> list[int]:
+    """Slots for positions prefix_len..seq_len-1: continue last_loc's page, then `pages`.
+
+    pre: 0 <= prefix_len <= seq_len
+    pre: page_size >= 1
+    pre: len(pages) == new_pages(prefix_len, seq_len, page_size)
+    post: len(__return__) == seq_len - prefix_len
+    post: all(s % page_size == (prefix_len + i) % page_size for i, s in enumerate(__return__)) or prefix_len % page_size != 0
+    """
+    k = continued_count(prefix_len, seq_len, page_size)
+    out = [last_loc + 1 + i for i in range(k)]
+    for pos in range(prefix_len + k, seq_len):
+        out.append(pages[(pos - prefix_len - k) // page_size] * page_size + pos % page_size)
+    return out
+
+
+def decode_needs_page(seq_len: int, page_size: int) -> bool:
+    """Whether the new position seq_len-1 opens a page.
+
+    pre: seq_len >= 1
+    pre: page_size >= 1
+    post: __return__ == (new_pages(seq_len - 1, seq_len, page_size) == 1)
+    """
+    return (seq_len - 1) % page_size == 0
+
+
+def expand_to_pages(slots: list[int], page_size: int) -> list[int]:
+    """Every slot of every page that `slots` touch, each page once, in first-touch order.
+
+    pre: page_size >= 1
+    pre: all(s >= 0 for s in slots)
+    post: len(__return__) % page_size == 0
+    post: set(s // page_size for s in __return__) == set(s // page_size for s in slots)
+    post: len(__return__) == len(set(__return__))
+    """
+    seen: dict[int, None] = {}
+    for s in slots:
+        seen.setdefault(s // page_size, None)
+    return [p * page_size + o for p in seen for o in range(page_size)]
+
+
+def tail_split(extend_len: int, tail_len: int) -> tuple[int, int]:
+    """(positions with no SWA peer, positions paired) of an extend with an SWA tail.
+
+    pre: 0 <= tail_len <= extend_len
+    post: __return__[0] + __return__[1] == extend_len
+    post: __return__[1] == tail_len
+    """
+    return extend_len - tail_len, tail_len
+
+
+def tail_pages_bounds(seq_len: int, tail_len: int, page_size: int) -> tuple[int, int]:
+    """Fewest and most fresh SWA pages a legal tail allocation takes.
+
+    The tail's SWA slots may start at offset 0 of a fresh page (tail_len packed) or
+    keep the full side's in-page offsets; either holds the tail, and the second may
+    straddle one more page.
+
+    pre: 0 <= tail_len <= seq_len
+    pre: page_size >= 1
+    post: __return__[0] <= __return__[1] <= __return__[0] + 1
+    post: __return__[0] * page_size >= tail_len
+    """
+    packed = pages_spanned(tail_len, page_size)
+    aligned = pages_spanned(seq_len, page_size) - (seq_len - tail_len) // page_size
+    if tail_len == 0:
+        aligned = 0
+    return packed, max(packed, aligned)
+
+
+def conserved(free: int, owned: int, capacity: int) -> bool:
+    """Slot conservation: every page of a pool is free or owned, never both.
+
+    pre: free >= 0 and owned >= 0
+    post: __return__ == (free + owned == capacity)
+    """
+    return free + owned == capacity
