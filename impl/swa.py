@@ -55,6 +55,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     _swa_req_ring = False
     _swa_ring_cost = 0
     _req_to_token_pool = None
+    _swa_to_full = None
 
     def __init__(
         self,
@@ -119,6 +120,16 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
                 torch.zeros(size + page_size, dtype=torch.int64, device=device),
                 torch.full((1,), -1, dtype=torch.int64, device=device),
             ]
+        )
+
+        # Reverse of the mapping, paged only: which full slot each SWA slot is
+        # paired with (0: none). A re-pair may put one SWA page under two full
+        # pages, so releasing a page must first see that no slot on it is
+        # still paired. Writes are idempotent, so repeated indices are safe.
+        self._swa_to_full = (
+            torch.zeros(size_swa + page_size, dtype=torch.int64, device=device)
+            if page_size > 1
+            else None
         )
 
         self.free_pages = None
@@ -223,16 +234,24 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
                 f"set_full_to_swa_mapping: {full_indices.numel()} full indices but "
                 f"{swa_indices.numel()} SWA indices; pass one SWA slot per full slot"
             )
-        self._backend.scatter(
-            self.full_to_swa_index_mapping,
-            full_indices.to(torch.int64),
-            swa_indices.to(self.full_to_swa_index_mapping.dtype),
-        )
+        full_indices = full_indices.to(torch.int64)
+        swa_indices = swa_indices.to(self.full_to_swa_index_mapping.dtype)
+        self._unlink_reverse(full_indices)
+        self._backend.scatter(self.full_to_swa_index_mapping, full_indices, swa_indices)
+        if self._swa_to_full is not None:
+            self._backend.scatter(self._swa_to_full, swa_indices, full_indices)
 
     def clear_full_to_swa_mapping(self, full_indices: torch.Tensor) -> None:
         if full_indices.numel() == 0:
             return
-        self._backend.zero_fill(self.full_to_swa_index_mapping, full_indices.to(torch.int64))
+        full_indices = full_indices.to(torch.int64)
+        self._unlink_reverse(full_indices)
+        self._backend.zero_fill(self.full_to_swa_index_mapping, full_indices)
+
+    def _unlink_reverse(self, full_indices: torch.Tensor) -> None:
+        """The SWA slots these entries point at lose their pairing (0 points at padding)."""
+        if self._swa_to_full is not None:
+            self._backend.zero_fill(self._swa_to_full, self.full_to_swa_index_mapping[full_indices])
 
     # ------------------------------------------------------------ contract checks
 
@@ -459,11 +478,17 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         self._release_swa(swa)
 
     def _release_swa(self, swa_indices: torch.Tensor) -> None:
-        if self.page_size > 1:
+        ps = self.page_size
+        if ps > 1:
             # Whole-page expansion also reads slots that were never paired
             # (e.g. a load-back whose SWA chunk began mid-page); their 0 must
-            # not reach the free list. The mask costs one sync per release.
-            swa_indices = swa_indices[swa_indices > 0]
+            # not reach the free list. And a page another full page still
+            # pairs into stays owned: it goes when its last pair does.
+            # One mask (one sync) per release.
+            pages = swa_indices // ps
+            on_page = pages[:, None] * ps + torch.arange(ps, device=swa_indices.device)[None, :]
+            still_paired = self._swa_to_full[on_page].ne(0).any(dim=1)
+            swa_indices = swa_indices[(swa_indices > 0) & ~still_paired]
         self.swa_attn_allocator.free(swa_indices)
         assert self.swa_attn_allocator.available_size() <= self.swa_attn_allocator.size
 
@@ -575,6 +600,8 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         self.full_attn_allocator.clear()
         # Everything but the trailing -1 sentinel.
         self.full_to_swa_index_mapping[:-1].fill_(0)
+        if self._swa_to_full is not None:
+            self._swa_to_full.fill_(0)
         self.free_group = None
         self.swa_free_group = []
 

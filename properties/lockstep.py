@@ -48,11 +48,21 @@ LEVELS = ("off", "warn", "strict")
 class LockstepFailure(AssertionError):
     """The target diverged from the model: names the invariant, the step, and what differs."""
 
-    def __init__(self, invariant: str, index: int, step: Step | None, details: list[str]):
+    def __init__(
+        self,
+        invariant: str,
+        index: int,
+        step: Step | None,
+        details: list[str],
+        config: dict | None = None,
+        steps: list[Step] | None = None,
+    ):
         self.invariant = invariant
         self.index = index
         self.step = step
         self.details = details
+        self.config = config  # with steps: a trace that replays this failure
+        self.steps = steps
         where = f"step {index}: {step!r}" if step is not None else "teardown census"
         lines = [f"{invariant} at {where}"] + [f"  - {d}" for d in details[:8]]
         if len(details) > 8:
@@ -82,8 +92,29 @@ def check_config(config: dict) -> dict:
 
 @dataclass
 class _Row:
-    slots: list[int]  # full slot of each position
+    """A request's row: its full slot per position, as a list for the model and as a
+    device tensor whose views the frees pass, as a scheduler's token row is."""
+
+    slots: list[int]
     req_slot: int | None = None
+    buf: torch.Tensor | None = None
+
+    def append(self, chunk: torch.Tensor) -> None:
+        n, have = len(self.slots), 0 if self.buf is None else self.buf.numel()
+        if n > have:
+            grown = torch.zeros(max(2 * have, n, 8), dtype=torch.int64, device=chunk.device)
+            if have:
+                grown[:have] = self.buf
+            self.buf = grown
+        self.buf[n - chunk.numel() : n] = chunk
+
+    def view(self, lo: int, hi: int) -> torch.Tensor:
+        return self.buf[lo:hi]
+
+    def overwrite(self, lo: int = 0) -> None:
+        """The scheduler reuses the row: a free group must hold copies, not these views."""
+        if self.buf is not None:
+            self.buf[lo:].fill_(0)
 
 
 @dataclass
@@ -133,6 +164,7 @@ class Lockstep:
         self.step: Step | None = None
         self.tainted: str | None = None
         self.steps_run = 0
+        self.trace: list[Step] = []
         self.census()
 
     # ----------------------------------------------------------- plumbing
@@ -140,7 +172,9 @@ class Lockstep:
         if isinstance(violations, Violation):
             violations = [violations]
         if violations:
-            raise LockstepFailure(violations[0].invariant, self.index, self.step, [str(v) for v in violations])
+            raise LockstepFailure(
+                violations[0].invariant, self.index, self.step, [str(v) for v in violations], self.config, list(self.trace)
+            )
 
     def _t(self, values, cpu: bool = False) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int64, device="cpu" if cpu else self.device)
@@ -171,6 +205,11 @@ class Lockstep:
         except Exception as e:  # a target's error is data here, compared below
             result, exc = None, e
         after = observe.hits(self.alloc)
+        if exc is not None and reaction.kind in ("count", "silent"):
+            # The allocator accepted a broken contract and then failed on what it let in.
+            self.labels[f"guard {reaction.kind}: {contract.reaction}"] += 1
+            self.tainted = f"step {self.index}: {contract} accepted at level {self.level}, then {type(exc).__name__}"
+            return False, None
         if exc is not None and reaction.kind != "raise":
             inv = getattr(exc, "invariant", None) or "crash"
             detail = f"{what} raised {type(exc).__name__}: {exc}"
@@ -257,6 +296,7 @@ class Lockstep:
             return
         self.index += 1
         self.step = step
+        self.trace.append(step)
         getattr(self, "_" + step.op)(step)
         self.steps_run += 1
         if not self.tainted and self.census_every and self.index % self.census_every == self.census_every - 1:
@@ -322,11 +362,10 @@ class Lockstep:
         i = 0
         for r, p, s in batch:
             chunk = full[i : i + s - p]
+            row = self.rows[r]
+            row.slots.extend(chunk)
+            row.append(res[i : i + s - p])
             i += s - p
-            if new:
-                self.rows[r].slots = chunk
-            else:
-                self.rows[r].slots.extend(chunk)
             self._tag(r, range(p, s), chunk)
         return full
 
@@ -406,16 +445,19 @@ class Lockstep:
         self.labels["admitted with an SWA tail" if tail else "admitted with an empty SWA tail"] += 1
         self._after_call(full)
         self.rows[r].slots = full
+        self.rows[r].append(res)
         self._tag(r, range(0, n), full)
 
     # ---------------------------------------------------------------- frees
-    def _free_call(self, call: str, rid: int, lo: int, slots: list[int], start_pos: int | None = None) -> bool:
-        """One free-like call on positions lo.. of request rid; True when it ran."""
+    def _free_call(self, call: str, rid: int, lo: int, hi: int, start_pos: int | None = None) -> bool:
+        """One free-like call on positions lo..hi-1 of request rid; True when it ran."""
         m, a = self.model, self.alloc
+        row = self.rows[rid]
+        slots = row.slots[lo:hi]
         contract = m.classify_free(call, slots, start_pos, rid)
         if contract is None:
             self._check_tags(rid, lo, slots, swa_too=call != "free_full")
-        idx = self._t(slots)
+        idx = row.view(lo, hi)
         if start_pos is None:
             fn = lambda: getattr(a, call)(idx)
         else:
@@ -438,7 +480,7 @@ class Lockstep:
         row = self._row(step.rid)
         if not 0 <= step.lo < step.hi <= len(row.slots):
             raise StepFormatError("hi", f"positions {step.lo}..{step.hi - 1} outside request {step.rid}'s {len(row.slots)}")
-        if self._free_call("free_swa", step.rid, step.lo, row.slots[step.lo : step.hi]):
+        if self._free_call("free_swa", step.rid, step.lo, step.hi):
             self.labels["window evicted"] += 1
             if self.pure:  # one pool: the evicted positions hold no slot any more
                 row.slots[step.lo : step.hi] = [RELEASED] * (step.hi - step.lo)
@@ -505,11 +547,17 @@ class Lockstep:
                 return
         else:
             for call, lo, hi in self._finish_calls(step.rid, step.how):
-                if not self._free_call(call, step.rid, lo, row.slots[lo:hi]):
+                if not self._free_call(call, step.rid, lo, hi):
                     return
         self.labels[f"finished by {step.how}"] += 1
-        self.ghosts = {step.rid: row.slots}
-        self._drop_rows([step.rid])
+        self._retire(step.rid)
+
+    def _retire(self, rid: int) -> None:
+        """A finished request: its slots stay known for double-free breaks, its row is reused."""
+        row = self.rows[rid]
+        self.ghosts = {rid: list(row.slots)}
+        row.overwrite()
+        self._drop_rows([rid])
 
     def _free_segments(self, rid: int, segs: list[tuple[list[int], int]]) -> bool:
         m, a = self.model, self.alloc
@@ -517,7 +565,8 @@ class Lockstep:
         if contract is None:
             for idx, lo in segs:
                 self._check_tags(rid, lo, idx, swa_too=True)
-        arg = [(self._t(idx), lo) for idx, lo in segs]
+        row = self.rows[rid]
+        arg = [(row.view(lo, lo + len(idx)), lo) for idx, lo in segs]
         ran, _ = self._invoke(f"free_segments(request {rid}, {len(segs)} segments)", lambda: a.free_segments(arg), contract)
         if not ran:
             return False
@@ -533,8 +582,9 @@ class Lockstep:
         row = self._row(step.rid)
         if not 0 <= step.keep < len(row.slots):
             raise StepFormatError("keep", f"keep {step.keep} outside 0..{len(row.slots) - 1}")
-        if self._free_call("free_segment", step.rid, step.keep, row.slots[step.keep :], start_pos=step.keep):
+        if self._free_call("free_segment", step.rid, step.keep, len(row.slots), start_pos=step.keep):
             self.labels["tail dropped"] += 1
+            row.overwrite(step.keep)
             row.slots = row.slots[: step.keep]
             if not row.slots:
                 self._drop_rows([step.rid])
@@ -597,9 +647,8 @@ class Lockstep:
             fn = lambda: a.free(t(slots))
         elif kind == "free_full_paired":
             # A request finished with free_full although some positions keep SWA peers.
-            if self._free_call("free_full", step.rid, 0, row.slots) and not self.tainted:
-                self.ghosts = {step.rid: row.slots}
-                self._drop_rows([step.rid])
+            if self._free_call("free_full", step.rid, 0, len(row.slots)) and not self.tainted:
+                self._retire(step.rid)
             self.labels[f"contract break: {kind}"] += 1
             return
         elif kind == "double_free":
@@ -648,3 +697,19 @@ class Lockstep:
             raise StepFormatError("kind", f"{kind} keeps the contract in this state (the model sees no break)")
         self.labels[f"contract break: {kind}"] += 1
         self._invoke(f"{what} ({kind})", fn, contract)
+
+
+def replay(config: dict, steps: list[Step], target, census_every: int = 16) -> Lockstep:
+    """Run a whole trace and the closing census; raises LockstepFailure on a divergence,
+    StepFormatError (with `.index`) on a step that cannot apply."""
+    ls = Lockstep(config, target, census_every=census_every)
+    for i, step in enumerate(steps):
+        try:
+            ls.run(step)
+        except StepFormatError as e:
+            e.index = i
+            raise
+    ls.index += 1
+    ls.step = None
+    ls.census()
+    return ls

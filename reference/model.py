@@ -261,17 +261,17 @@ class Model:
         return None
 
     def classify_segments(self, segments: list[tuple[list[int], int]], row: int | None = None) -> Contract | None:
-        last_page = -1
+        """free_segments: each piece legal on its own, starts ascending, no page shared."""
+        last_start, seen = -1, set()
         for idx, start in segments:
             c = self.classify_free("free_segment", idx, start, row)
             if c:
                 return c
-            if not idx:
-                continue
-            first, end = idx[0] // self.page_size, idx[-1] // self.page_size
-            if first <= last_page:
-                return Contract("segments.order", names.ERROR, f"segment at {start} is not after the previous one's pages")
-            last_page = end
+            pages = {s // self.page_size for s in idx}
+            if start <= last_start or pages & seen:
+                return Contract("segments.order", names.ERROR, f"segment at {start} is out of order or shares a page")
+            last_start = start
+            seen |= pages
         return None
 
     def classify_group_begin(self) -> Contract | None:
