@@ -252,7 +252,8 @@ class Lockstep:
         v += self.census_violations()
         self._fail([Violation(names.ATOMIC, f"{what} raised but changed state: {x}") for x in v])
 
-    def _after_call(self, touched_full: list[int]) -> None:
+    def _after_call(self, touched_full: list[int], returned_none: bool = False) -> None:
+        """The state one call touched: sizes, the touched peers, the sentinel."""
         v = self.model.check_sizes(observe.sizes(self.alloc))
         if not self.pure and not self.ring:
             v += self.model.check_peers(touched_full, observe.peers(self.alloc, touched_full))
@@ -260,8 +261,11 @@ class Lockstep:
         if s != -1:
             v.append(Violation(names.SENTINEL, f"mapping[-1] is {s}, not -1"))
         if v:
-            # The census says which pages and peers differ, not only that a count does.
-            v += self.census_violations()
+            # The census says which pages and peers differ, not only that a count
+            # does, so what it finds comes first.
+            v = [x for x in self.census_violations() if x not in v] + v
+        if returned_none:
+            v = [Violation(names.ATOMIC, f"a call that returned None changed state: {x}") for x in v]
         self._fail(v)
 
     def _tag(self, rid: int, positions: range, full: list[int]) -> None:
@@ -356,7 +360,7 @@ class Lockstep:
             self._fail(check)
         if full is None:
             self.labels["pool exhausted"] += 1
-            self._after_call([])
+            self._after_call([], returned_none=True)
             return None
         self._after_call(full)
         i = 0
@@ -440,7 +444,7 @@ class Lockstep:
             self.labels["pool exhausted"] += ran
             self._drop_rows([r])
             if ran:
-                self._after_call([])
+                self._after_call([], returned_none=True)
             return
         self.labels["admitted with an SWA tail" if tail else "admitted with an empty SWA tail"] += 1
         self._after_call(full)

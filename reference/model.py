@@ -707,19 +707,18 @@ class Model:
         self.req_free.add(slot)
 
     # ------------------------------------------------------------- checking
-    def check_sizes(self, observed: dict[str, int], group_open: bool | None = None) -> list[Violation]:
-        """Compare observed available sizes with the model's (O(1))."""
+    def check_sizes(self, observed: dict[str, int]) -> list[Violation]:
+        """Compare observed available sizes with the model's (O(1)).
+
+        More than the model inside a free group means something held was released
+        early; any other difference is a capacity miscount (the census then says
+        which pages)."""
         out = []
         for key, want in self.sizes().items():
             got = observed.get(key)
             if got is None or got == want:
                 continue
-            if self.group_open and got > want:
-                inv = names.GROUP_DEFERRED
-            elif got > want:
-                inv = names.NO_DOUBLE_OWNERSHIP
-            else:
-                inv = names.NO_LEAK
+            inv = names.GROUP_DEFERRED if self.group_open and got > want else names.CAPACITY
             out.append(Violation(inv, f"{key}() is {got}, model says {want}"))
         return out
 
