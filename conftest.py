@@ -54,3 +54,12 @@ def target_spec(request):
 @pytest.fixture(scope="session")
 def device(request):
     return request.config.getoption("--device")
+
+
+def pytest_terminal_summary(terminalreporter):
+    from properties.machine import LABELS_SEEN, STATS
+
+    if STATS["steps"]:
+        terminalreporter.write_line(
+            f"swa-lockstep: {STATS['steps']} workload steps run, {len(LABELS_SEEN)} coverage labels reached"
+        )

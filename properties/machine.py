@@ -21,8 +21,10 @@ from properties.steps import (
 )
 from properties.targets import Target, resolve
 
-# Every coverage label any run reached, so a test can show each one is reached.
+# Every coverage label any run reached, so a test can show each one is reached,
+# and the workload steps run in this process, for the closing summaries.
 LABELS_SEEN: Counter = Counter()
+STATS: Counter = Counter()
 
 PAGE_SIZES = (1, 2, 4, 16)
 
@@ -73,6 +75,7 @@ class LockstepMachine(RuleBasedStateMachine):
         if self.ls.tainted:
             return
         note(f"step {self.ls.index + 1}: {step!r}")
+        STATS["steps"] += 1
         try:
             self.ls.run(step)
         except BaseException:
