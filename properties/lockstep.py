@@ -662,7 +662,7 @@ class Lockstep:
             what, contract = "free", m.classify_free("free", slots, None, -1)
             fn = lambda: a.free(t(slots))
         elif kind == "never_allocated":
-            page = min(m.full.free) if m.full.free else None
+            page = next(iter(m.full.free), None)  # any free page; no scan of the pool
             if page is None:
                 raise StepFormatError("kind", "never_allocated needs a free page")
             slots = [page * ps]

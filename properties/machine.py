@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 
 from hypothesis import event, note, reject
+from hypothesis.control import currently_in_test_context
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
@@ -74,7 +75,11 @@ class LockstepMachine(RuleBasedStateMachine):
     def _go(self, step: Step) -> None:
         if self.ls.tainted:
             return
-        note(f"step {self.ls.index + 1}: {step!r}")
+        # Outside hypothesis (a benchmark driving the rules by hand) there is no one
+        # to tell.
+        quiet = not currently_in_test_context()
+        if not quiet:
+            note(f"step {self.ls.index + 1}: {step!r}")
         STATS["steps"] += 1
         try:
             self.ls.run(step)
@@ -84,7 +89,8 @@ class LockstepMachine(RuleBasedStateMachine):
         finally:
             for label, n in self.ls.labels.items():
                 if n > self._seen[label]:
-                    event(label)
+                    if not quiet:
+                        event(label)
                     LABELS_SEEN[label] += n - self._seen[label]
                     self._seen[label] = n
 
@@ -121,7 +127,8 @@ class LockstepMachine(RuleBasedStateMachine):
             event(f"configuration not supported by the target: {e}")
             LABELS_SEEN["unsupported configuration"] += 1
             reject()
-        event(f"page_size {config['page_size']}, {config['kind']}{', ring' if config['ring_size'] else ''}, level {config['check_level']}")
+        if currently_in_test_context():
+            event(f"page_size {config['page_size']}, {config['kind']}{', ring' if config['ring_size'] else ''}, level {config['check_level']}")
 
     # -------------------------------------------------------------- rules
     @precondition(lambda self: self.ok)
