@@ -15,6 +15,7 @@ from hypothesis.control import currently_in_test_context
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
+from properties.differential import Differential
 from properties.lockstep import RELEASED, Lockstep, runs_of
 from properties.steps import (
     BREAKS, FINISH_HOWS, Admit, AdmitTail, Break, Clear, Decode, DropTail, Evict, Extend,
@@ -57,6 +58,9 @@ class LockstepMachine(RuleBasedStateMachine):
     target: Target = staticmethod(resolve("impl"))
     device: str = "cpu"
     census_every: int = 16
+    # Differential runs (SPEC 4.5): a second target and what each side's config adds.
+    peer: Target | None = None
+    sides: tuple[dict, dict] = ({}, {})
 
     def __init__(self):
         super().__init__()
@@ -120,8 +124,12 @@ class LockstepMachine(RuleBasedStateMachine):
     @initialize(config=configs())
     def init(self, config):
         config = dict(config, device=self.device)
+        cls = type(self)
         try:
-            self.ls = Lockstep(config, type(self).target, census_every=self.census_every)
+            if cls.peer is None:
+                self.ls = Lockstep(config, cls.target, census_every=self.census_every)
+            else:
+                self.ls = Differential(config, cls.target, cls.peer, *cls.sides, census_every=self.census_every)
         except NotImplementedError as e:
             # SPEC 4.3: skip what the target does not build, and say so in the statistics.
             event(f"configuration not supported by the target: {e}")
@@ -270,10 +278,27 @@ class LockstepMachine(RuleBasedStateMachine):
             self.ls.census()
 
 
-def machine_for(target: Target | None = None, device: str = "cpu", census_every: int = 16) -> type[LockstepMachine]:
-    """A LockstepMachine class bound to one target and device."""
+def machine_for(
+    target: Target | None = None,
+    device: str = "cpu",
+    census_every: int = 16,
+    peer: Target | None = None,
+    sides: tuple[dict, dict] = ({}, {}),
+) -> type[LockstepMachine]:
+    """A LockstepMachine class bound to one target and device.
+
+    With `peer`, every step also runs on a second target and the two must agree slot
+    for slot; `sides` adds config keys per side, e.g. ({"device": "cpu"}, {"device":
+    "cuda"}) or ({"backend": "cpu"}, {"backend": "npu_emulated"}).
+    """
     return type(
         "LockstepMachine",
         (LockstepMachine,),
-        {"target": staticmethod(target or resolve("impl")), "device": device, "census_every": census_every},
+        {
+            "target": staticmethod(target or resolve("impl")),
+            "device": device,
+            "census_every": census_every,
+            "peer": None if peer is None else staticmethod(peer),
+            "sides": sides,
+        },
     )

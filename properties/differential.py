@@ -1,0 +1,64 @@
+"""Differential lockstep (SPEC 4.5): one workload on two targets, e.g. CPU against CUDA
+or NPU, or one backend against another. Each side runs in lockstep with its own model;
+on top, the two must agree slot for slot: the slots each step handed out, and at
+every census the free lists (in order), the mapping and the sizes.
+"""
+
+from __future__ import annotations
+
+from properties import observe
+from properties.lockstep import Lockstep, LockstepFailure
+from properties.steps import Step
+
+DIFF = "diff.state"  # the name a disagreement between the two sides is reported under
+
+
+def _state(ls: Lockstep) -> dict:
+    a = ls.alloc
+    out = {"sizes": observe.sizes(a), "mapping": observe.mapping(a), "full_free": observe.free_pages(a.full_attn_allocator)}
+    if a.swa_attn_allocator is not a.full_attn_allocator:
+        out["swa_free"] = observe.free_pages(a.swa_attn_allocator)
+    return out
+
+
+class Differential:
+    """Looks like a Lockstep (the machine drives it the same way); runs both sides."""
+
+    def __init__(self, config: dict, target_a, target_b, side_a: dict, side_b: dict, census_every: int = 16):
+        self.a = Lockstep({**config, **side_a}, target_a, census_every=census_every)
+        self.b = Lockstep({**config, **side_b}, target_b, census_every=census_every)
+        self.sides = (side_a, side_b)
+        self.census_every = census_every
+
+    def __getattr__(self, name):
+        return getattr(self.a, name)
+
+    def _fail(self, detail: str) -> None:
+        a = self.a
+        raise LockstepFailure(DIFF, a.index, a.step, [f"{self.sides[0]} vs {self.sides[1]}: {detail}"], a.config, list(a.trace))
+
+    def run(self, step: Step) -> None:
+        self.a.run(step)
+        self.b.run(step)
+        if bool(self.a.tainted) != bool(self.b.tainted):
+            self._fail(f"one side accepted a broken contract: {self.a.tainted or self.b.tainted}")
+        for rid in set(self.a.rows) | set(self.b.rows):
+            ra, rb = self.a.rows.get(rid), self.b.rows.get(rid)
+            if (ra and ra.slots) != (rb and rb.slots):
+                self._fail(f"request {rid} holds {ra and ra.slots} on one side, {rb and rb.slots} on the other")
+        if self.census_every and self.a.index % self.census_every == self.census_every - 1:
+            self.compare()
+
+    def compare(self) -> None:
+        sa, sb = _state(self.a), _state(self.b)
+        for key in sa:
+            if sa[key] != sb[key]:
+                diff = next((i for i, (x, y) in enumerate(zip(sa[key], sb[key])) if x != y), None) if isinstance(sa[key], list) else None
+                where = f" (first difference at index {diff})" if diff is not None else ""
+                self._fail(f"{key} differs{where}: {sa[key] if not isinstance(sa[key], list) else len(sa[key])} vs {sb[key] if not isinstance(sb[key], list) else len(sb[key])}")
+
+    def census(self, context: str = "") -> None:
+        self.a.census(context)
+        self.b.census(context)
+        if not self.a.tainted:
+            self.compare()
