@@ -1,7 +1,9 @@
 """Pure page arithmetic and layouts, with contracts that `crosshair check` analyses.
 
 Everything here is a total function of small integers and lists of integers, so the
-model can use it per call and crosshair can search it for counterexamples.
+model can use it per call and crosshair can search it for counterexamples. Each
+post-condition states a property the allocator relies on in other terms than the
+body computes it, so a wrong body breaks at least one of them.
 """
 
 from __future__ import annotations
@@ -30,11 +32,15 @@ def pages_spanned(num_tokens: int, page_size: int) -> int:
 def new_pages(prefix_len: int, seq_len: int, page_size: int) -> int:
     """Pages a request needs to grow from prefix_len to seq_len positions.
 
+    The positions that do not continue the last partial page fill fresh pages from
+    offset 0, so they need exactly as many pages as they span.
+
     pre: 0 <= prefix_len <= seq_len
     pre: page_size >= 1
     post: __return__ >= 0
     post: __return__ <= (seq_len - prefix_len + page_size - 1) // page_size
     post: seq_len == prefix_len or prefix_len % page_size != 0 or __return__ >= 1
+    post: __return__ == pages_spanned(seq_len - prefix_len - continued_count(prefix_len, seq_len, page_size), page_size)
     """
     return pages_spanned(seq_len, page_size) - pages_spanned(prefix_len, page_size)
 
@@ -46,6 +52,8 @@ def total_new_pages(prefix_lens: list[int], seq_lens: list[int], page_size: int)
     pre: page_size >= 1
     post: __return__ >= 0
     post: __return__ <= sum(seq_lens) - sum(prefix_lens)
+    post: __return__ >= sum(1 for p, s in zip(prefix_lens, seq_lens) if s > p and p % page_size == 0)
+    post: __return__ == 0 or any(s > p for p, s in zip(prefix_lens, seq_lens))
     """
     return sum(new_pages(p, s, page_size) for p, s in zip(prefix_lens, seq_lens))
 
@@ -59,6 +67,8 @@ def continued_count(prefix_len: int, seq_len: int, page_size: int) -> int:
     post: __return__ < page_size
     post: prefix_len % page_size != 0 or __return__ == 0
     post: __return__ == seq_len - prefix_len or (prefix_len + __return__) % page_size == 0
+    post: __return__ == 0 or (prefix_len + __return__ - 1) // page_size == prefix_len // page_size
+    post: prefix_len % page_size == 0 or seq_len == prefix_len or __return__ >= 1
     """
     if prefix_len % page_size == 0:
         return 0
@@ -74,7 +84,10 @@ def extend_layout(
     pre: page_size >= 1
     pre: len(pages) == new_pages(prefix_len, seq_len, page_size)
     post: len(__return__) == seq_len - prefix_len
-    post: all(s % page_size == (prefix_len + i) % page_size for i, s in enumerate(__return__)) or prefix_len % page_size != 0
+    post: __return__[:continued_count(prefix_len, seq_len, page_size)] == list(range(last_loc + 1, last_loc + 1 + continued_count(prefix_len, seq_len, page_size)))
+    post: all(s % page_size == (prefix_len + i) % page_size for i, s in enumerate(__return__) if i >= continued_count(prefix_len, seq_len, page_size))
+    post: [s // page_size for s in __return__[continued_count(prefix_len, seq_len, page_size)::page_size]] == pages
+    post: set(s // page_size for s in __return__[continued_count(prefix_len, seq_len, page_size):]) == set(pages)
     """
     k = continued_count(prefix_len, seq_len, page_size)
     out = [last_loc + 1 + i for i in range(k)]
@@ -89,8 +102,24 @@ def decode_needs_page(seq_len: int, page_size: int) -> bool:
     pre: seq_len >= 1
     pre: page_size >= 1
     post: __return__ == (new_pages(seq_len - 1, seq_len, page_size) == 1)
+    post: __return__ == (continued_count(seq_len - 1, seq_len, page_size) == 0)
     """
     return (seq_len - 1) % page_size == 0
+
+
+def decode_layout(seq_len: int, last_loc: int, page: int, page_size: int) -> int:
+    """The slot of decode position seq_len-1: last_loc+1 inside the page, else the first
+    slot of `page` (ignored when no page opens).
+
+    pre: seq_len >= 1
+    pre: page_size >= 1
+    post: decode_needs_page(seq_len, page_size) or __return__ == last_loc + 1
+    post: not decode_needs_page(seq_len, page_size) or (__return__ == page * page_size)
+    post: __return__ == extend_layout(seq_len - 1, seq_len, last_loc, [page] * new_pages(seq_len - 1, seq_len, page_size), page_size)[0]
+    """
+    if (seq_len - 1) % page_size:
+        return last_loc + 1
+    return page * page_size
 
 
 def expand_to_pages(slots: list[int], page_size: int) -> list[int]:
@@ -101,6 +130,9 @@ def expand_to_pages(slots: list[int], page_size: int) -> list[int]:
     post: len(__return__) % page_size == 0
     post: set(s // page_size for s in __return__) == set(s // page_size for s in slots)
     post: len(__return__) == len(set(__return__))
+    post: len(__return__) == page_size * len(set(s // page_size for s in slots))
+    post: all(s % page_size == i % page_size for i, s in enumerate(__return__))
+    post: [__return__[i] // page_size for i in range(0, len(__return__), page_size)] == list(dict.fromkeys(s // page_size for s in slots))
     """
     seen: dict[int, None] = {}
     for s in slots:
@@ -129,12 +161,30 @@ def tail_pages_bounds(seq_len: int, tail_len: int, page_size: int) -> tuple[int,
     pre: page_size >= 1
     post: __return__[0] <= __return__[1] <= __return__[0] + 1
     post: __return__[0] * page_size >= tail_len
+    post: __return__[0] == 0 or (__return__[0] - 1) * page_size < tail_len
+    post: __return__[1] == len({q // page_size for q in range(seq_len - tail_len, seq_len)})
     """
     packed = pages_spanned(tail_len, page_size)
     aligned = pages_spanned(seq_len, page_size) - (seq_len - tail_len) // page_size
     if tail_len == 0:
         aligned = 0
     return packed, max(packed, aligned)
+
+
+def tail_layout(extend_len: int, tail_len: int, pages: list[int], page_size: int, aligned: bool) -> list[int]:
+    """SWA slots of the last tail_len positions of an extend from position 0: packed from
+    offset 0 of the first page, or (aligned) at the full side's in-page offsets.
+
+    pre: 0 <= tail_len <= extend_len
+    pre: page_size >= 1
+    pre: len(pages) == tail_pages_bounds(extend_len, tail_len, page_size)[1 if aligned else 0]
+    post: len(__return__) == tail_len
+    post: set(s // page_size for s in __return__) == set(pages)
+    post: all(b == a + 1 for a, b in zip(__return__, __return__[1:]) if (a + 1) % page_size)
+    post: all(s % page_size == (extend_len - tail_len + i if aligned else i) % page_size for i, s in enumerate(__return__))
+    """
+    off = (extend_len - tail_len) % page_size if aligned else 0
+    return [pages[(off + j) // page_size] * page_size + (off + j) % page_size for j in range(tail_len)]
 
 
 def conserved(free: int, owned: int, capacity: int) -> bool:
