@@ -17,7 +17,7 @@ _common = dict(
     stateful_step_count=40,
 )
 settings.register_profile("fast", max_examples=60, **_common)
-settings.register_profile("ci", max_examples=200, derandomize=True, print_blob=True, **_common)
+settings.register_profile("ci", max_examples=300, derandomize=True, print_blob=True, **_common)
 settings.register_profile(
     "nightly",
     max_examples=6000,
