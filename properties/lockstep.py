@@ -606,7 +606,7 @@ class Lockstep:
         self._invoke("free_group_end", self.alloc.free_group_end, None)
         self.model.group_end()
         self.labels["group ended"] += 1
-        self.census("group")
+        self._after_call([])
 
     def _merge_sort(self, step: MergeSort) -> None:
         subs = [self.alloc.full_attn_allocator]

@@ -124,6 +124,7 @@ class Model:
         self.stale: dict[int, int] = {}
         self.repaired: set[int] = set()  # full slots a re-pair (not an alloc) paired
         self.leaked: set[int] = set()  # SWA pages only lost stranded slots kept owned
+        self.group_released: tuple[set[int], set[int]] = (set(), set())  # by the last group end
         self.group_open = False
         self.held_full: list[int] = []  # full pages a group will release
         self.held_swa: list[int] = []  # SWA pages a group will release
@@ -679,6 +680,7 @@ class Model:
     def group_end(self) -> tuple[list[int], list[int]]:
         """Close the group; returns the (full, SWA) pages it released."""
         full, swa = self.held_full, self.held_swa
+        self.group_released = (set(full), set(swa))
         self.group_open = False
         self.held_full, self.held_swa = [], []
         self.full.free.update(full)
@@ -749,27 +751,31 @@ class Model:
             outside = [p for p in seen if p > pool.num_pages or p < 0]
             if outside:
                 out.append(Violation(names.CAPACITY, f"{name} free list holds pages {sorted(outside)[:6]} beyond {pool.num_pages}{tag}"))
+            # A page a free group holds, or released at its end, names the group.
+            group = set(self.held_full if pool is self.full else self.held_swa)
+            group |= self.group_released[0 if pool is self.full else 1]
             owned_but_free = sorted(p for p in seen if 0 < p <= pool.num_pages and p not in pool.free)
             if owned_but_free:
-                inv = names.GROUP_DEFERRED if context == "group" else names.NO_DOUBLE_OWNERSHIP
-                held = set(self.held_full if pool is self.full else self.held_swa)
-                if any(p in held for p in owned_but_free):
-                    inv = names.GROUP_DEFERRED
+                inv = names.GROUP_DEFERRED if group.intersection(owned_but_free) else names.NO_DOUBLE_OWNERSHIP
                 out.append(Violation(inv, f"{name} pages {owned_but_free[:6]} are free but owned{tag}"))
-            lost = sorted(p for p in pool.free if p not in seen)
+            lost = sorted(pool.free.difference(seen))
             if lost:
-                inv = names.GROUP_DEFERRED if context == "group" else names.NO_LEAK
+                inv = names.GROUP_DEFERRED if group.intersection(lost) else names.NO_LEAK
                 out.append(Violation(inv, f"{name} pages {lost[:6]} should be free but are not in the free list{tag}"))
         if len(mapping) != self.mapping_len:
             out.append(Violation(names.CAPACITY, f"mapping has {len(mapping)} entries, want {self.mapping_len}{tag}"))
         elif mapping[-1] != -1:
             out.append(Violation(names.SENTINEL, f"the mapping's last entry is {mapping[-1]}, not -1{tag}"))
         if not self.pure and len(mapping) == self.mapping_len:
-            wrong = [(f, v) for f, v in enumerate(mapping[:-1]) if v != self.peer_of(f)]
-            if wrong:
-                f, v = wrong[0]
-                want = self.peer_of(f)
-                out.append(Violation(names.MAP_LIVE, f"{len(wrong)} mapping entries differ; mapping[{f}] is {v}, want {want}{tag}"))
+            want = [0] * (self.mapping_len - 1)
+            for table in (self.stale, self.peer):
+                for f, s in table.items():
+                    want[f] = s
+            got = mapping[:-1]
+            if got != want:
+                wrong = [f for f, (g, w) in enumerate(zip(got, want)) if g != w]
+                f = wrong[0]
+                out.append(Violation(names.MAP_LIVE, f"{len(wrong)} mapping entries differ; mapping[{f}] is {got[f]}, want {want[f]}{tag}"))
         return out
 
     def self_check(self) -> list[Violation]:
@@ -781,11 +787,14 @@ class Model:
         for name, pool, held in pools:
             if 0 in pool.free:
                 out.append(Violation(names.PADDING_RESERVED, f"model: page 0 free in {name}"))
-            for p in range(1, pool.num_pages + 1):
-                if p in pool.free and pool.used[p]:
-                    out.append(Violation(names.NO_DOUBLE_OWNERSHIP, f"model: {name} page {p} free with live slots"))
-                if p not in pool.free and not pool.used[p] and p not in held and not (pool is self.swa and p in self.leaked):
-                    out.append(Violation(names.NO_LEAK, f"model: {name} page {p} owned by nothing"))
+            busy = pool.free.intersection(pool.used)
+            if busy:
+                out.append(Violation(names.NO_DOUBLE_OWNERSHIP, f"model: {name} pages {sorted(busy)[:6]} free with live slots"))
+            orphans = set(range(1, pool.num_pages + 1)).difference(pool.free, pool.used, held)
+            if pool is self.swa:
+                orphans -= self.leaked
+            if orphans:
+                out.append(Violation(names.NO_LEAK, f"model: {name} pages {sorted(orphans)[:6]} owned by nothing"))
         if len(set(self.peer.values())) != len(self.peer):
             out.append(Violation(names.MAP_LIVE, "model: pairing not injective"))
         for f in self.peer:
