@@ -1,0 +1,395 @@
+"""A fuzzing campaign: worker processes running the lockstep state machine under a budget.
+
+Each worker is its own process (spawn), so a target that kills its process (os._exit,
+a segfault, a CUDA context lost to a device assert) takes down one worker, not the
+campaign. Before each step runs, a worker appends it to a per-worker journal file
+(the example's configuration first); when a worker dies without saying why, the
+parent reads the journal and saves that trace, unshrunk, as a crash. Failures a
+worker survives are shrunk by hypothesis, and the worker sends the shrunk trace.
+
+All workers share one hypothesis example database, keyed by target, so an example one
+worker saves is replayed by the others on their next batch and by the next campaign.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import queue as queue_mod
+import random
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fuzz import trace as trace_mod
+
+STATS_EVERY_S = 0.5
+HANG_GRACE_S = 60.0  # past the deadline, a worker that is still running is killed as hung
+BATCH_MAX = 200
+
+
+def variants() -> tuple[dict, dict]:
+    """The seeded-bug variants and the invariant each must trip: (VARIANTS, EXPECTED)."""
+    try:
+        from fuzz.variants import EXPECTED, VARIANTS
+    except ModuleNotFoundError as e:
+        if e.name != "fuzz.variants":
+            raise
+        return {}, {}
+    return dict(VARIANTS), dict(EXPECTED)
+
+
+def resolve(spec: str):
+    from properties.targets import resolve as _resolve
+
+    return _resolve(spec, variants()[0])
+
+
+@dataclass
+class Job:
+    wid: int
+    target: str
+    device: str
+    seed: int
+    seconds: float | None  # time budget, counted from when the worker is ready
+    examples: int | None  # this worker's share of the example budget
+    db: str
+    journal: str
+    stateful_step_count: int = 40
+
+
+class Journal:
+    """The current example, kept in a file that survives the process: one JSON line for
+    the configuration, then one per step, each written before the step runs."""
+
+    def __init__(self, path: str):
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.config: dict | None = None
+        self.steps: list = []
+
+    def _write(self, obj) -> None:
+        os.write(self.fd, (json.dumps(obj) + "\n").encode())
+
+    def begin(self, config: dict) -> None:
+        os.ftruncate(self.fd, 0)
+        os.lseek(self.fd, 0, os.SEEK_SET)
+        self.config, self.steps = dict(config), []
+        self._write({"config": self.config})
+
+    def step(self, step) -> None:
+        self.steps.append(step)
+        self._write(step.to_json())
+
+
+def read_journal(path: str | os.PathLike) -> tuple[dict | None, list]:
+    """The configuration and steps a dead worker was running; a torn last line is dropped."""
+    from properties.steps import StepFormatError, step_from_json
+
+    config, steps = None, []
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None, []
+    for line in lines:
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            break
+        if config is None:
+            config = obj.get("config") if isinstance(obj, dict) else None
+            continue
+        try:
+            steps.append(step_from_json(obj))
+        except StepFormatError:
+            break
+    return config, steps
+
+
+def _derive(seed: int, wid: int, batch: int) -> int:
+    return random.Random(f"swa-lockstep:{seed}:{wid}:{batch}").getrandbits(64)
+
+
+def machine_class(target_spec: str, factory, device: str):
+    """The machine for one target. Its name carries the target, so the shared database
+    keeps each target's examples apart (hypothesis keys stateful tests by the class)."""
+    from properties.machine import machine_for
+
+    base = machine_for(factory, device)
+    return type(f"LockstepMachine[{target_spec}]", (base,), {"__module__": __name__})
+
+
+def worker_main(job: Job, out) -> None:
+    """One worker: batches of the state machine under a per-batch seed until the budget
+    is spent or a failure is found; reports stats, the failure, and 'done' on `out`."""
+    from hypothesis import HealthCheck, Phase, Verbosity, seed, settings
+    from hypothesis.database import DirectoryBasedExampleDatabase
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from properties import lockstep as lockstep_mod
+    from properties.lockstep import LockstepFailure
+    from properties.machine import LABELS_SEEN
+
+    journal = Journal(job.journal)
+    factory = resolve(job.target)
+    counts = {"steps": 0, "examples": 0}
+    last_sent = [0.0]
+
+    def send_stats(force: bool = False) -> None:
+        now = time.time()
+        if force or now - last_sent[0] >= STATS_EVERY_S:
+            last_sent[0] = now
+            out.put(("stats", job.wid, counts["steps"], counts["examples"], sorted(LABELS_SEEN)))
+
+    def traced_factory(config):
+        counts["examples"] += 1
+        journal.begin(config)
+        return factory(config)
+
+    original_run = lockstep_mod.Lockstep.run
+
+    def run(self, step):
+        journal.step(step)
+        before = self.steps_run
+        try:
+            return original_run(self, step)
+        finally:
+            counts["steps"] += self.steps_run - before
+            send_stats()
+
+    # This process exists to run one target: every Lockstep in it is journaled.
+    lockstep_mod.Lockstep.run = run
+
+    base = machine_class(job.target, traced_factory, job.device)
+    db = DirectoryBasedExampleDatabase(job.db)
+    # The budget is fuzzing time: it starts once the imports (torch) are done.
+    ready = time.time()
+    deadline = None if job.seconds is None else ready + job.seconds
+    out.put(("ready", job.wid, ready))
+    batch, size, done_examples = 0, 10, 0
+    try:
+        while True:
+            if deadline is not None and time.time() >= deadline:
+                break
+            if job.examples is not None:
+                if done_examples >= job.examples:
+                    break
+                size = min(size, job.examples - done_examples)
+            cls = seed(_derive(job.seed, job.wid, batch))(type(base.__name__, (base,), {"__module__": __name__}))
+            s = settings(
+                max_examples=size,
+                database=db,
+                deadline=None,
+                stateful_step_count=job.stateful_step_count,
+                derandomize=False,
+                report_multiple_bugs=False,
+                verbosity=Verbosity.quiet,
+                phases=[Phase.reuse, Phase.generate, Phase.shrink],
+                suppress_health_check=list(HealthCheck),
+            )
+            t0 = time.time()
+            try:
+                run_state_machine_as_test(cls, settings=s)
+            except LockstepFailure as e:
+                send_stats(force=True)
+                out.put(("failure", job.wid, {
+                    "outcome": e.invariant,
+                    "message": str(e),
+                    "config": e.config or journal.config,
+                    "steps": [x.to_json() for x in (e.steps if e.steps is not None else journal.steps)],
+                    "shrunk": True,
+                }))
+                return
+            except Exception as e:  # anything else escaping the target is a crash (SPEC 5)
+                send_stats(force=True)
+                out.put(("failure", job.wid, {
+                    "outcome": trace_mod.CRASH,
+                    "message": f"{type(e).__name__}: {e}",
+                    "config": journal.config,
+                    "steps": [x.to_json() for x in journal.steps],
+                    "shrunk": True,
+                }))
+                return
+            done_examples += size
+            batch += 1
+            # Batches of about two seconds: the deadline is checked between them.
+            took = max(time.time() - t0, 1e-3)
+            size = max(1, min(BATCH_MAX, int(size * 2.0 / took)))
+    finally:
+        send_stats(force=True)
+        out.put(("done", job.wid))
+
+
+@dataclass
+class Failure:
+    wid: int
+    outcome: str
+    message: str
+    trace: trace_mod.Trace
+    path: Path | None
+    shrunk: bool
+
+
+@dataclass
+class Result:
+    steps: int = 0
+    examples: int = 0
+    labels: set = field(default_factory=set)
+    known: int = 0
+    failures: list[Failure] = field(default_factory=list)
+    elapsed: float = 0.0
+
+
+def _labels_file(db: str) -> Path:
+    return Path(db) / "swa-lockstep-labels.json"
+
+
+def _known_labels(db: str, reached: set) -> set:
+    """Labels any campaign on this database has reached, so 'reached out of known' means
+    something without a fixed list of labels (the driver makes some from contract names)."""
+    path = _labels_file(db)
+    try:
+        known = set(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        known = set()
+    known |= reached
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(sorted(known)))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return known
+
+
+def _variant_of(target: str) -> str | None:
+    return target if target in variants()[0] else None
+
+
+def run_campaign(
+    target: str,
+    device: str = "cpu",
+    seconds: float | None = 20.0,
+    examples: int | None = None,
+    seed: int = 0,
+    workers: int = 1,
+    db: str = ".hypothesis/fuzz-db",
+    corpus: str = "fuzz/corpus",
+    progress=None,
+    on_failure=None,
+) -> Result:
+    """Run workers until the budget is spent; save each failure's trace into `corpus`."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    jdir = tempfile.mkdtemp(prefix="swa-lockstep-journal-")
+    ready: dict[int, float] = {}
+    per = None if examples is None else -(-examples // workers)
+    procs = {}
+    stats: dict[int, tuple[int, int, list]] = {}
+    done: set[int] = set()
+    result = Result()
+    try:
+        for wid in range(workers):
+            job = Job(wid, target, device, seed, seconds, per, db, os.path.join(jdir, f"worker-{wid}.jsonl"))
+            p = ctx.Process(target=worker_main, args=(job, out), name=f"fuzz-worker-{wid}", daemon=True)
+            p.start()
+            procs[wid] = p
+
+        def handle(msg) -> None:
+            kind, wid = msg[0], msg[1]
+            if kind == "ready":
+                ready[wid] = msg[2]
+            elif kind == "stats":
+                stats[wid] = (msg[2], msg[3], msg[4])
+            elif kind == "done":
+                done.add(wid)
+            elif kind == "failure":
+                f = msg[2]
+                config = dict(f["config"] or {})
+                from properties.steps import step_from_json
+
+                steps = [step_from_json(s) for s in f["steps"]]
+                _record(result, wid, f["outcome"], f["message"], config, steps, f["shrunk"], target, device, corpus, on_failure)
+
+        def drain(block_s: float = 0.0) -> None:
+            try:
+                handle(out.get(timeout=block_s) if block_s else out.get_nowait())
+                while True:
+                    handle(out.get_nowait())
+            except queue_mod.Empty:
+                pass
+
+        finished: set[int] = set()
+        last_progress = 0.0
+        while len(finished) < workers:
+            drain(0.2)
+            now = time.time()
+            for wid, p in procs.items():
+                if wid in finished:
+                    continue
+                hung = seconds is not None and wid in ready and now > ready[wid] + seconds + HANG_GRACE_S and p.is_alive()
+                if hung:
+                    p.kill()
+                    p.join()
+                if p.is_alive():
+                    continue
+                p.join()
+                drain()
+                finished.add(wid)
+                if wid not in done or hung:
+                    why = "hung past the budget and was killed" if hung else f"died with exit code {p.exitcode}"
+                    config, steps = read_journal(os.path.join(jdir, f"worker-{wid}.jsonl"))
+                    if config is None:
+                        config = {}
+                    _record(result, wid, trace_mod.CRASH, f"worker {wid} {why} (the target killed its process) during the last step of this trace",
+                            config, steps, False, target, device, corpus, on_failure)
+            if progress is not None and now - last_progress >= 1.0:
+                last_progress = now
+                _sum(result, stats, ready)
+                progress(result)
+        _sum(result, stats, ready)
+    finally:
+        for p in procs.values():
+            if p.is_alive():
+                p.kill()
+                p.join()
+        shutil.rmtree(jdir, ignore_errors=True)
+    result.known = len(_known_labels(db, result.labels))
+    return result
+
+
+def _sum(result: Result, stats: dict, ready: dict) -> None:
+    """Totals over the workers; elapsed runs from the first worker ready, so steps/s
+    measures fuzzing, not process start-up."""
+    result.steps = sum(s[0] for s in stats.values())
+    result.examples = sum(s[1] for s in stats.values())
+    result.labels = set().union(*[set(s[2]) for s in stats.values()]) if stats else set()
+    result.elapsed = time.time() - min(ready.values()) if ready else 0.0
+
+
+def _record(result, wid, outcome, message, config, steps, shrunk, target, device, corpus, on_failure) -> None:
+    variant = _variant_of(target)
+    path = None
+    t = trace_mod.Trace(
+        name="",
+        expect=outcome if trace_mod.valid_outcome(outcome) else trace_mod.CRASH,
+        config=config,
+        steps=steps,
+        target=target,
+        variant=variant,
+        note=("shrunk by hypothesis" if shrunk else "not shrunk: the worker process died")
+        + f"; found on {target} ({device}): {message.splitlines()[0] if message else outcome}",
+    )
+    if config:
+        try:
+            path = trace_mod.save(t, corpus)
+        except OSError as e:
+            message += f"\n(could not save the trace into {corpus}: {e})"
+    failure = Failure(wid, outcome, message, t, path, shrunk)
+    result.failures.append(failure)
+    if on_failure is not None:
+        on_failure(failure)
