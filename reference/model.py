@@ -122,7 +122,6 @@ class Model:
         # Freed full slots whose peer a tolerated free_full left in the mapping; the
         # SWA slot stays owned (stranded) until the mapping entry is reused.
         self.stale: dict[int, int] = {}
-        self.repaired: set[int] = set()  # full slots a re-pair (not an alloc) paired
         self.leaked: set[int] = set()  # SWA pages only lost stranded slots kept owned
         self.group_released: tuple[set[int], set[int]] = (set(), set())  # by the last group end
         self.group_open = False
@@ -184,9 +183,9 @@ class Model:
         return None
 
     def classify_continuation(self, prefix_lens: list[int], last_locs: list[int]) -> Contract | None:
-        """A row continued mid-page must still have an SWA peer at its last position, and
-        one the allocator laid out: a re-pair that put it at another in-page offset
-        than its full slot leaves the SWA row nothing to continue."""
+        """A row continued mid-page must still have an SWA peer at its last position, at
+        its full slot's in-page offset. The allocator only lays peers out that way, so
+        another offset comes from a re-pair, and leaves the SWA row nothing to continue."""
         if self.ring or self.pure:
             return None
         ps = self.page_size
@@ -199,7 +198,7 @@ class Model:
                     names.UNNOTICED,
                     f"request {i} continues the page of slot {last} (prefix {p}) but that slot has no SWA peer",
                 )
-            if last in self.repaired and self.peer[last] % ps != last % ps:
+            if self.peer[last] % ps != last % ps:
                 return Contract(
                     "row.misaligned_continuation",
                     names.UNNOTICED,
@@ -342,7 +341,6 @@ class Model:
     def _pair(self, full_slots: list[int], swa_slots: list[int]) -> None:
         self._unmap(full_slots)
         for f, s in zip(full_slots, swa_slots):
-            self.repaired.discard(f)
             self.peer[f] = s
             self.rev[s] = f
 
@@ -363,7 +361,6 @@ class Model:
             s = self.peer.pop(f, None)
             if s is not None:
                 del self.rev[s]
-                self.repaired.discard(f)
                 self.stale[f] = s
         self._free_full_slots(slots)
 
@@ -528,17 +525,17 @@ class Model:
         """Full KV for the whole extend, SWA only for its last `tail` positions.
 
         swa_slots is the mapping read at every new full slot. The tail's SWA slots lie
-        on fresh pages, consecutive within a page; whether they start at offset 0 or
-        keep the full side's in-page offsets is the allocator's choice, so both page
-        counts are legal, and None is legal between the two.
+        on fresh pages at their full slots' in-page offsets: extend and decode page by
+        full positions, so a tail packed from offset 0 would have a later decode run
+        past its SWA page, and would put one SWA page under two full pages.
         """
         out: list[Violation] = []
         ps = self.page_size
         n_full = layout.new_pages(prefix_len, seq_len, ps)
-        lo, hi = (0, 0) if self.ring else layout.tail_pages_bounds(seq_len - prefix_len, tail, ps)
-        must_fail = len(self.full.free) < n_full or len(self.swa.free) < lo
+        n_swa = 0 if self.ring else layout.tail_pages_bounds(seq_len - prefix_len, tail, ps)[1]
+        must_fail = len(self.full.free) < n_full or len(self.swa.free) < n_swa
         if full_slots is None:
-            if not (must_fail or len(self.swa.free) < hi):
+            if not must_fail:
                 out.append(Violation(names.CAPACITY, f"alloc_extend_swa_tail returned None with enough free pages ({self._free_desc()})"))
             return out
         if must_fail:
@@ -568,7 +565,9 @@ class Model:
         prev = None
         for pos, slot in zip(range(seq_len - tail, seq_len), tail_swa):
             what = f"SWA tail (position {pos})"
-            if prev is not None and slot // ps == prev // ps:
+            if slot % ps != pos % ps:
+                out.append(Violation(names.LAYOUT, f"{what} slot {slot} has in-page offset {slot % ps}, its full slot {pos % ps}: a later decode would run past the SWA page"))
+            elif prev is not None and slot // ps == prev // ps:
                 if slot != prev + 1:
                     out.append(Violation(names.LAYOUT, f"{what} slot {slot} should follow slot {prev}"))
             elif slot // ps in sfresh:
@@ -576,8 +575,8 @@ class Model:
             else:
                 self._check_new(self.swa, slot, sfresh, what, out)
             prev = slot
-        if not out and not lo <= len(sfresh) <= hi:
-            out.append(Violation(names.LAYOUT, f"SWA tail of {tail} took {len(sfresh)} pages, legal {lo}..{hi}"))
+        if not out and len(sfresh) != n_swa:
+            out.append(Violation(names.LAYOUT, f"SWA tail of {tail} took {len(sfresh)} pages, want {n_swa}"))
         if out:
             return out
         self._adopt(self.full, full_slots, fresh, owners)
@@ -614,7 +613,6 @@ class Model:
         for s in swa_slots:
             self.swa.take_live(s)
         self._pair(full_slots, swa_slots)
-        self.repaired.update(full_slots)
         return []
 
     # ----------------------------------------------------------------- frees
@@ -636,7 +634,6 @@ class Model:
                     continue
             else:
                 del self.rev[s]
-                self.repaired.discard(f)
             self.swa.drop_live(s)
             if self.swa.used[s // ps] == 0:
                 emptied[s // ps] = None
