@@ -133,6 +133,10 @@ def worker_main(job: Job, out) -> None:
     from properties.lockstep import LockstepFailure
     from properties.machine import LABELS_SEEN
 
+    import torch
+
+    # The tensors are tiny: intra-op threads only contend with the other workers.
+    torch.set_num_threads(1)
     journal = Journal(job.journal)
     factory = resolve(job.target)
     counts = {"steps": 0, "examples": 0}
