@@ -233,7 +233,11 @@ class Lockstep:
                     self._fail(Violation(g, f"{what} counted no hit of {g} at level warn for {contract}"))
         if reaction.kind == "raise":
             self.labels[f"contract refused: {contract.name}"] += 1
-            self._check_unchanged(what)
+            # A guard owes the refusal: an error that is not the guard's (it names no
+            # invariant, as a device assert does not) counts only if nothing changed.
+            guard = contract.reaction if contract.reaction in names.GUARDS else None
+            blame = guard if guard and getattr(exc, "invariant", None) != guard else names.ATOMIC
+            self._check_unchanged(what, blame, exc)
             return False, None
         if reaction.kind in ("count", "silent"):
             self.labels[f"guard {reaction.kind}: {contract.reaction}"] += 1
@@ -247,10 +251,11 @@ class Lockstep:
             return False, None
         return True, result
 
-    def _check_unchanged(self, what: str) -> None:
+    def _check_unchanged(self, what: str, blame: str, exc: Exception) -> None:
         v = self.model.check_sizes(observe.sizes(self.alloc))
         v += self.census_violations()
-        self._fail([Violation(names.ATOMIC, f"{what} raised but changed state: {x}") for x in v])
+        said = f"{type(exc).__name__}: {exc}".strip()
+        self._fail([Violation(blame, f"{what} raised ({said[:120]}) but changed state: {x}") for x in v])
 
     def _after_call(self, touched_full: list[int], returned_none: bool = False) -> None:
         """The state one call touched: sizes, the touched peers, the sentinel."""
