@@ -252,8 +252,7 @@ class Lockstep:
         return True, result
 
     def _check_unchanged(self, what: str, blame: str, exc: Exception) -> None:
-        v = self.model.check_sizes(observe.sizes(self.alloc))
-        v += self.census_violations()
+        v = self.census_violations()  # sizes included
         said = f"{type(exc).__name__}: {exc}".strip()
         self._fail([Violation(blame, f"{what} raised ({said[:120]}) but changed state: {x}") for x in v])
 
