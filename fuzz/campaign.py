@@ -130,7 +130,7 @@ def worker_main(job: Job, out) -> None:
     from hypothesis.stateful import run_state_machine_as_test
 
     from properties import lockstep as lockstep_mod
-    from properties.lockstep import LockstepFailure
+    from properties.lockstep import LockstepFailure, minimize
     from properties.machine import LABELS_SEEN
 
     import torch
@@ -199,11 +199,17 @@ def worker_main(job: Job, out) -> None:
                 run_state_machine_as_test(cls, settings=s)
             except LockstepFailure as e:
                 send_stats(force=True)
+                config = e.config or journal.config
+                steps = e.steps if e.steps is not None else journal.steps
+                lockstep_mod.Lockstep.run = original_run  # replays below are not campaign steps
+                shorter, again = minimize(config, steps, factory, e.invariant)
+                if again is not None:
+                    steps, e = shorter, again
                 out.put(("failure", job.wid, {
                     "outcome": e.invariant,
                     "message": str(e),
-                    "config": e.config or journal.config,
-                    "steps": [x.to_json() for x in (e.steps if e.steps is not None else journal.steps)],
+                    "config": config,
+                    "steps": [x.to_json() for x in steps],
                     "shrunk": True,
                 }))
                 return
