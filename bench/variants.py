@@ -51,6 +51,9 @@ def measure(name: str) -> dict:
         row.update(shrunk_steps=len(e.steps or ()), shrunk_inv=e.invariant)
     except Exception as e:  # a variant that breaks the driver itself is a finding too
         row.update(shrunk_steps=None, shrunk_inv=f"{type(e).__name__}")
+    if "t" not in first and "shrunk_inv" in row:
+        # Wrong from construction: the failure came out of the machine's init, not a step.
+        first.update(t=None, inv=f"{row['shrunk_inv']} (at init)")
     row.update(total=time.perf_counter() - start, first=first.get("t"), first_inv=first.get("inv"))
     return row
 
