@@ -113,7 +113,8 @@ class _RawGroupFullFirst(SWATokenToKVPoolAllocator):
     re-points the held SWA release, and until the flush the freed slots keep
     their peers. Re-creates sglang's free before the SWA-first rewrite, whose
     group flushed ``free(cat(group))``. The harness sees the freed slots still
-    paired right after the call (``map.live``)."""
+    paired right after the call (``map.live``), or, first, a free its guard refuses
+    after the full side already went (``alloc.atomic``)."""
 
     def free(self, free_index: torch.Tensor) -> None:
         if free_index.numel() == 0:
@@ -305,7 +306,8 @@ class _ExpandDropsPage(SWATokenToKVPoolAllocator):
     ``page_size`` indices at the end of each group (``indices[page_size - 1 ::
     page_size]``), a floor where a ceiling was meant: a range whose last page
     is partial (a request ending inside a page) loses that page. Its peers stay
-    mapped and its SWA page is never released. Expected: ``pool.no_leak``."""
+    mapped (``map.live``, seen first) and its SWA page is never released
+    (``pool.no_leak``)."""
 
     def _expand_to_full_pages(self, indices: torch.Tensor) -> torch.Tensor:
         return super()._expand_to_full_pages(indices[self.page_size - 1 :: self.page_size])
@@ -567,15 +569,15 @@ VARIANTS: dict[str, Factory] = {
 # The invariant the machine's first failure names on each variant, under the CI
 # profile (before shrinking; bench/variants.py shows the shrunk one beside it).
 EXPECTED: dict[str, str] = {
-    "group_raw_full_first": "map.live",
+    "group_raw_full_first": "alloc.atomic",
     "free_swa_token_only": "map.live",
     "seed_tail_zero_stale": "map.live",
     "release_padding": "pool.padding_reserved",
-    "group_holds_view": "group.deferred",
+    "group_holds_view": "pool.padding_reserved",
     "clear_wipes_sentinel": "map.sentinel",
     "clear_leaves_group_open": "group.deferred",
     "free_full_unguarded": "swa.peer_released",
-    "expand_drops_page": "pool.no_leak",
+    "expand_drops_page": "map.live",
     "expand_adds_neighbour": "map.sentinel",
     "ring_counts_all_slots": "pool.capacity",
     "ring_cost_unrounded": "pool.capacity",

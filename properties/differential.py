@@ -7,7 +7,7 @@ every census the free lists (in order), the mapping and the sizes.
 from __future__ import annotations
 
 from properties import observe
-from properties.lockstep import Lockstep, LockstepFailure
+from properties.lockstep import Lockstep, failure_class
 from properties.steps import Step
 
 DIFF = "diff.state"  # the name a disagreement between the two sides is reported under
@@ -35,7 +35,7 @@ class Differential:
 
     def _fail(self, detail: str) -> None:
         a = self.a
-        raise LockstepFailure(DIFF, a.index, a.step, [f"{self.sides[0]} vs {self.sides[1]}: {detail}"], a.config, list(a.trace))
+        raise failure_class(DIFF)(DIFF, a.index, a.step, [f"{self.sides[0]} vs {self.sides[1]}: {detail}"], a.config, list(a.trace))
 
     def run(self, step: Step) -> None:
         self.a.run(step)

@@ -63,11 +63,28 @@ class LockstepFailure(AssertionError):
         self.details = details
         self.config = config  # with steps: a trace that replays this failure
         self.steps = steps
-        where = f"step {index}: {step!r}" if step is not None else "teardown census"
+        if step is not None:
+            where = f"step {index}: {step!r}"
+        else:
+            where = "the census after construction" if index < 0 else "the closing census"
         lines = [f"{invariant} at {where}"] + [f"  - {d}" for d in details[:8]]
         if len(details) > 8:
             lines.append(f"  ... {len(details) - 8} more")
         super().__init__("\n".join(lines))
+
+
+_FAILURE_CLASSES: dict[str, type[LockstepFailure]] = {}
+
+
+def failure_class(invariant: str) -> type[LockstepFailure]:
+    """A LockstepFailure subclass per invariant: hypothesis tells bugs apart by exception
+    type, so its shrinker keeps to the invariant it found instead of drifting to
+    another one raised from the same line."""
+    cls = _FAILURE_CLASSES.get(invariant)
+    if cls is None:
+        name = "LockstepFailure_" + "".join(c if c.isalnum() else "_" for c in invariant)
+        cls = _FAILURE_CLASSES[invariant] = type(name, (LockstepFailure,), {"__module__": __name__})
+    return cls
 
 
 def check_config(config: dict) -> dict:
@@ -172,7 +189,7 @@ class Lockstep:
         if isinstance(violations, Violation):
             violations = [violations]
         if violations:
-            raise LockstepFailure(
+            raise failure_class(violations[0].invariant)(
                 violations[0].invariant, self.index, self.step, [str(v) for v in violations], self.config, list(self.trace)
             )
 
@@ -199,6 +216,9 @@ class Lockstep:
         if reaction.kind == "skip":
             self.labels[f"contract broken: {contract.name}"] += 1
             return False, None
+        if reaction.kind == "raise":
+            # Whatever is already wrong is named now, not blamed on the refusal below.
+            self._fail(self.census_violations())
         before = observe.hits(self.alloc)
         try:
             result, exc = fn(), None

@@ -20,18 +20,6 @@ from properties.machine import machine_for
 from properties.targets import resolve
 from reference import names
 
-# Variants the machine does not reach within the CI profile's budget; each needs a
-# chain of rare steps (see the reasons). Strict xfail: once the generator reaches
-# one, this list must shrink.
-NOT_FOUND_IN_CI: dict[str, str] = {
-    "seed_tail_zero_stale": "needs a free_full of paired slots tolerated at warn/off, "
-    "then an SWA-tail admit with tail 0 that recycles exactly that full page",
-    "seed_decode_not_atomic": "needs a decode that opens a page while the SWA pool is "
-    "empty and the full pool is not",
-    "seed_release_paired_page": "needs an eviction, a re-pair from inside an SWA page, "
-    "then a free of part of the re-paired range",
-}
-
 # A config on which every variant's bug is live (hybrid, paged, no ring), and one in
 # ring mode for the ring variants.
 _PAGED = {"kind": "hybrid", "size": 64, "size_swa": 64, "page_size": 4}
@@ -68,8 +56,7 @@ def test_expected_names_real_invariants():
 
 
 def test_every_invariant_is_first_reported_by_a_variant_the_machine_finds():
-    found = {inv for n, inv in EXPECTED.items() if n not in NOT_FOUND_IN_CI}
-    assert sorted(set(names.INVARIANTS) - found) == []
+    assert sorted(set(names.INVARIANTS) - set(EXPECTED.values())) == []
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
@@ -82,16 +69,9 @@ def test_variant_class_differs_from_impl(name):
     assert a.variant == name
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(n, marks=pytest.mark.xfail(strict=True, raises=pytest.fail.Exception, reason=NOT_FOUND_IN_CI[n]))
-        if n in NOT_FOUND_IN_CI
-        else n
-        for n in sorted(VARIANTS)
-    ],
-)
+@pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_machine_finds_variant(name):
+    """Within the profile's budget (ci: deterministic), with no help from the generator."""
     with pytest.raises(LockstepFailure) as info:
         run_state_machine_as_test(machine_for(VARIANTS[name]), settings=_search_settings())
     failure = info.value
