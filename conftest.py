@@ -19,7 +19,7 @@ _common = dict(
     report_multiple_bugs=False,
 )
 settings.register_profile("fast", max_examples=60, **_common)
-settings.register_profile("ci", max_examples=1000, derandomize=True, print_blob=True, **_common)
+settings.register_profile("ci", max_examples=2000, derandomize=True, print_blob=True, **_common)
 settings.register_profile(
     "nightly",
     max_examples=6000,

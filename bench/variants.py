@@ -1,10 +1,11 @@
 """Per seeded-bug variant: time to the first failure and the shrunk counterexample (SPEC 6).
 
 One run, fixed seed (hypothesis derandomized, the CI profile's budget): for each
-variant the lockstep machine searches until its first failure, then hypothesis
-shrinks it. Printed: the seconds to the first failure, the invariant it named, the
-seconds the whole run took (search and shrink), the shrunk trace's step count and
-the invariant the shrunk failure names.
+variant the lockstep machine searches until its first failure; that trace is then
+cut by `properties.lockstep.minimize` (step deletion, as campaigns do after
+hypothesis's own shrink, which can take minutes per variant and is left out here).
+Printed: the seconds to the first failure, the invariant it named, the trace's
+step count at the failure and after cutting, and the seconds the cutting took.
 
     CI=true .venv/bin/python -m bench.variants [NAME ...]
 """
@@ -19,12 +20,12 @@ os.environ.setdefault("CI", "true")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import conftest  # noqa: E402,F401  (registers and loads the hypothesis profiles)
-from hypothesis import settings  # noqa: E402
+from hypothesis import Phase, settings  # noqa: E402
 from hypothesis.stateful import run_state_machine_as_test  # noqa: E402
 
 from fuzz.variants import EXPECTED, VARIANTS  # noqa: E402
 from impl import invariants  # noqa: E402
-from properties.lockstep import LockstepFailure  # noqa: E402
+from properties.lockstep import LockstepFailure, minimize  # noqa: E402
 from properties.machine import machine_for  # noqa: E402
 
 
@@ -46,29 +47,29 @@ def measure(name: str) -> dict:
 
     row = {"name": name, "expected": EXPECTED.get(name, "?")}
     try:
-        run_state_machine_as_test(Timed, settings=settings(database=None, derandomize=True))
+        run_state_machine_as_test(Timed, settings=settings(database=None, derandomize=True, phases=[Phase.generate]))
+        row.update(first=None, first_inv=None)
+        return row
     except LockstepFailure as e:
-        row.update(shrunk_steps=len(e.steps or ()), shrunk_inv=e.invariant)
-    except Exception as e:  # a variant that breaks the driver itself is a finding too
-        row.update(shrunk_steps=None, shrunk_inv=f"{type(e).__name__}")
-    if "t" not in first and "shrunk_inv" in row:
-        # Wrong from construction: the failure came out of the machine's init, not a step.
-        first.update(t=None, inv=f"{row['shrunk_inv']} (at init)")
-    row.update(total=time.perf_counter() - start, first=first.get("t"), first_inv=first.get("inv"))
+        found = e
+    row.update(first=first.get("t"), first_inv=found.invariant if "t" in first else f"{found.invariant} (at init)")
+    row.update(raw_steps=len(found.steps or ()))
+    t0 = time.perf_counter()
+    steps, again = minimize(found.config, found.steps or [], VARIANTS[name], found.invariant)
+    row.update(cut_steps=len(steps), cut_s=time.perf_counter() - t0)
     return row
 
 
 def main(argv: list[str]) -> int:
     names = argv or list(VARIANTS)
-    print(f"{'variant':28} {'first s':>8} {'first invariant':26} {'total s':>8} {'steps':>5}  shrunk invariant")
+    print(f"{'variant':28} {'first s':>8} {'first invariant':26} {'steps':>5} {'cut to':>6} {'cut s':>6}")
     for name in names:
         r = measure(name)
-        first = "-" if r["first"] is None else f"{r['first']:.2f}"
-        steps = "-" if r.get("shrunk_steps") is None else str(r["shrunk_steps"])
-        print(
-            f"{name:28} {first:>8} {str(r['first_inv'] or 'not found'):26} {r['total']:8.1f} {steps:>5}  {r.get('shrunk_inv', '-')}",
-            flush=True,
-        )
+        if r["first_inv"] is None:
+            print(f"{name:28} {'-':>8} {'not found':26}", flush=True)
+            continue
+        first = "init" if r["first"] is None else f"{r['first']:.2f}"
+        print(f"{name:28} {first:>8} {r['first_inv']:26} {r['raw_steps']:>5} {r['cut_steps']:>6} {r['cut_s']:>6.1f}", flush=True)
     return 0
 
 

@@ -744,7 +744,8 @@ def replay(config: dict, steps: list[Step], target, census_every: int = 16) -> L
 
 
 def minimize(config: dict, steps: list[Step], target, invariant: str, max_replays: int = 300):
-    """Drop steps one at a time while the trace still trips `invariant`.
+    """Drop steps, one at a time and then adjacent pairs (a group's begin and end),
+    while the trace still trips `invariant`.
 
     Hypothesis shrinks the choices that made the run; a step that survives that (its
     rule's choices are shared with a step the failure needs) is cut here, where the
@@ -756,16 +757,20 @@ def minimize(config: dict, steps: list[Step], target, invariant: str, max_replay
     changed = True
     while changed and replays < max_replays:
         changed = False
-        for i in reversed(range(len(best))):
-            if replays >= max_replays:
+        for width in (1, 2):
+            for i in reversed(range(len(best) - width + 1)):
+                if replays >= max_replays:
+                    break
+                candidate = best[:i] + best[i + width :]
+                replays += 1
+                try:
+                    replay(config, candidate, target)
+                except LockstepFailure as e:
+                    if e.invariant == invariant:
+                        best, failure, changed = candidate, e, True
+                        break
+                except Exception:  # a step that no longer applies, or another fault: keep it
+                    pass
+            if changed:
                 break
-            candidate = best[:i] + best[i + 1 :]
-            replays += 1
-            try:
-                replay(config, candidate, target)
-            except LockstepFailure as e:
-                if e.invariant == invariant:
-                    best, failure, changed = candidate, e, True
-            except Exception:  # a step that no longer applies, or another fault: keep it
-                pass
     return best, failure

@@ -338,6 +338,12 @@ class Model:
             return None
         return [r for r, p, s in zip(owners, prefix_lens, seq_lens) for _ in range(s - p)]
 
+    def _commit(self, full_slots, fresh, owners, swa_slots, sfresh, paired_full=None) -> None:
+        """Adopt a checked allocation: both sides' slots, and the new pairs."""
+        self._adopt(self.full, full_slots, fresh, owners)
+        self._adopt(self.swa, swa_slots, sfresh)
+        self._pair(full_slots if paired_full is None else paired_full, swa_slots)
+
     def _pair(self, full_slots: list[int], swa_slots: list[int]) -> None:
         self._unmap(full_slots)
         for f, s in zip(full_slots, swa_slots):
@@ -422,11 +428,8 @@ class Model:
         sfresh: dict[int, None] = {}
         for s in swa_slots:
             self._check_new(self.swa, s, sfresh, "SWA", out)
-        if out:
-            return out
-        self._adopt(self.full, full_slots, fresh, owners)
-        self._adopt(self.swa, swa_slots, sfresh)
-        self._pair(full_slots, swa_slots)
+        if not out:
+            self._commit(full_slots, fresh, owners, swa_slots, sfresh)
         return out
 
     def alloc_extend(
@@ -505,11 +508,8 @@ class Model:
             return out
         swa_last = [self.peer.get(last, 0) if last >= 0 else last for last in last_locs]
         sfresh = self._check_rows(self.swa, "SWA", prefix_lens, seq_lens, swa_last, swa_slots, out)
-        if out:
-            return out
-        self._adopt(self.full, full_slots, fresh, owners)
-        self._adopt(self.swa, swa_slots, sfresh)
-        self._pair(full_slots, swa_slots)
+        if not out:
+            self._commit(full_slots, fresh, owners, swa_slots, sfresh)
         return out
 
     def alloc_extend_swa_tail(
@@ -577,11 +577,8 @@ class Model:
             prev = slot
         if not out and len(sfresh) != n_swa:
             out.append(Violation(names.LAYOUT, f"SWA tail of {tail} took {len(sfresh)} pages, want {n_swa}"))
-        if out:
-            return out
-        self._adopt(self.full, full_slots, fresh, owners)
-        self._adopt(self.swa, tail_swa, sfresh)
-        self._pair(tail_full, tail_swa)
+        if not out:
+            self._commit(full_slots, fresh, owners, tail_swa, sfresh, tail_full)
         return out
 
     def swa_alloc(self, n: int, swa_slots: list[int] | None) -> list[Violation]:
