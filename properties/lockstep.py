@@ -694,8 +694,8 @@ class Lockstep:
             fn = lambda: a.free(t(slots))
         elif kind == "partial_page":
             slots = row.slots[:1]
-            what, contract = "free_full", m.classify_free("free_full" if not slots or slots[0] not in m.peer else "free", slots, None, step.rid)
-            what = "free_full" if slots and slots[0] not in m.peer else "free"
+            what = "free" if slots[0] in m.peer else "free_full"  # the call that fits the slot
+            contract = m.classify_free(what, slots, None, step.rid)
             fn = lambda: getattr(a, what)(t(slots))
         elif kind == "nested_group":
             what, contract, fn = "free_group_begin", m.classify_group_begin(), a.free_group_begin
