@@ -533,13 +533,7 @@ class Model:
         ps = self.page_size
         n_full = layout.new_pages(prefix_len, seq_len, ps)
         n_swa = 0 if self.ring else layout.tail_pages_bounds(seq_len - prefix_len, tail, ps)[1]
-        must_fail = len(self.full.free) < n_full or len(self.swa.free) < n_swa
-        if full_slots is None:
-            if not must_fail:
-                out.append(Violation(names.CAPACITY, f"alloc_extend_swa_tail returned None with enough free pages ({self._free_desc()})"))
-            return out
-        if must_fail:
-            out.append(Violation(names.CAPACITY, f"alloc_extend_swa_tail returned slots although a pool is short ({self._free_desc()})"))
+        if self._check_none(full_slots, self._short(n_full, n_swa), "alloc_extend_swa_tail", out) or out:
             return out
         if len(full_slots) != seq_len - prefix_len:
             out.append(Violation(names.LAYOUT, f"alloc_extend_swa_tail returned {len(full_slots)} slots for {seq_len - prefix_len} positions"))
