@@ -57,8 +57,8 @@ class Differential:
                 where = f" (first difference at index {diff})" if diff is not None else ""
                 self._fail(f"{key} differs{where}: {sa[key] if not isinstance(sa[key], list) else len(sa[key])} vs {sb[key] if not isinstance(sb[key], list) else len(sb[key])}")
 
-    def census(self, context: str = "") -> None:
-        self.a.census(context)
-        self.b.census(context)
+    def census(self) -> None:
+        self.a.census()
+        self.b.census()
         if not self.a.tainted:
             self.compare()

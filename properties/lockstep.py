@@ -330,11 +330,11 @@ class Lockstep:
         if not self.tainted and self.census_every and self.index % self.census_every == self.census_every - 1:
             self.census()
 
-    def census_violations(self, context: str = "") -> list[Violation]:
+    def census_violations(self) -> list[Violation]:
         a = self.alloc
         full_free = observe.free_pages(a.full_attn_allocator)
         swa_free = None if self.pure or self.ring else observe.free_pages(a.swa_attn_allocator)
-        v = self.model.census(full_free, swa_free, observe.mapping(a), context)
+        v = self.model.census(full_free, swa_free, observe.mapping(a))
         v += self.model.check_sizes(observe.sizes(a))
         open_now = getattr(a, "free_group", None) is not None
         if open_now != self.model.group_open:
@@ -344,10 +344,10 @@ class Lockstep:
             v += [Violation(x.invariant, f"reference model inconsistent: {x.detail}") for x in model_errors]
         return v
 
-    def census(self, context: str = "") -> None:
+    def census(self) -> None:
         if self.tainted:
             return
-        self._fail(self.census_violations(context))
+        self._fail(self.census_violations())
 
     # --------------------------------------------------------------- allocs
     def _alloc_rows(self, what: str, batch: list[tuple[int, int, int]], new: bool) -> list[int] | None:
