@@ -60,6 +60,7 @@ class Job:
     db: str
     journal: str
     stateful_step_count: int = 40
+    config_overrides: dict = field(default_factory=dict)
 
 
 class Journal:
@@ -113,13 +114,29 @@ def _derive(seed: int, wid: int, batch: int) -> int:
     return random.Random(f"swa-lockstep:{seed}:{wid}:{batch}").getrandbits(64)
 
 
-def machine_class(target_spec: str, factory, device: str):
-    """The machine for one target. Its name carries the target, so the shared database
-    keeps each target's examples apart (hypothesis keys stateful tests by the class)."""
+def machine_class(target_spec: str, factory, device: str, config_overrides: dict | None = None):
+    """The machine for one target. Its name carries the target (and any pinned keys),
+    so the shared database keeps each target's examples apart (hypothesis keys
+    stateful tests by the class)."""
     from properties.machine import machine_for
 
-    base = machine_for(factory, device)
-    return type(f"LockstepMachine[{target_spec}]", (base,), {"__module__": __name__})
+    base = machine_for(factory, device, config_overrides=config_overrides)
+    pins = "".join(f",{k}={v}" for k, v in sorted((config_overrides or {}).items()))
+    return type(f"LockstepMachine[{target_spec}{pins}]", (base,), {"__module__": __name__})
+
+
+def describe_target(factory) -> list[str]:
+    """Lines for a campaign header: what the target says it is (sglang: its version,
+    stand-ins and layout path), and the contract breaks it declares it does not refuse,
+    which the campaign never sends (SPEC 4.7)."""
+    lines = []
+    describe = getattr(factory, "describe", None)
+    if callable(describe):
+        lines.append(f"target: {describe()}")
+    breaks = sorted(getattr(factory, "unrefused_breaks", ()))
+    if breaks:
+        lines.append(f"not sent (the target declares it does not refuse them): {', '.join(breaks)}")
+    return lines
 
 
 def worker_main(job: Job, out) -> None:
@@ -153,6 +170,8 @@ def worker_main(job: Job, out) -> None:
         journal.begin(config)
         return factory(config)
 
+    traced_factory.unrefused_breaks = frozenset(getattr(factory, "unrefused_breaks", ()))
+
     original_run = lockstep_mod.Lockstep.run
 
     def run(self, step):
@@ -167,7 +186,7 @@ def worker_main(job: Job, out) -> None:
     # This process exists to run one target: every Lockstep in it is journaled.
     lockstep_mod.Lockstep.run = run
 
-    base = machine_class(job.target, traced_factory, job.device)
+    base = machine_class(job.target, traced_factory, job.device, job.config_overrides)
     db = DirectoryBasedExampleDatabase(job.db)
     # The budget is fuzzing time: it starts once the imports (torch) are done.
     ready = time.time()
@@ -291,6 +310,8 @@ def run_campaign(
     corpus: str = "fuzz/corpus",
     progress=None,
     on_failure=None,
+    config_overrides: dict | None = None,
+    about: list[str] | None = None,
 ) -> Result:
     """Run workers until the budget is spent; save each failure's trace into `corpus`."""
     ctx = mp.get_context("spawn")
@@ -302,9 +323,12 @@ def run_campaign(
     stats: dict[int, tuple[int, int, list]] = {}
     done: set[int] = set()
     result = Result()
+    if about is None:
+        about = describe_target(resolve(target))
     try:
         for wid in range(workers):
-            job = Job(wid, target, device, seed, seconds, per, db, os.path.join(jdir, f"worker-{wid}.jsonl"))
+            job = Job(wid, target, device, seed, seconds, per, db, os.path.join(jdir, f"worker-{wid}.jsonl"),
+                      config_overrides=dict(config_overrides or {}))
             p = ctx.Process(target=worker_main, args=(job, out), name=f"fuzz-worker-{wid}", daemon=True)
             p.start()
             procs[wid] = p
@@ -323,7 +347,7 @@ def run_campaign(
                 from properties.steps import step_from_json
 
                 steps = [step_from_json(s) for s in f["steps"]]
-                _record(result, wid, f["outcome"], f["message"], config, steps, f["shrunk"], target, device, corpus, on_failure)
+                _record(result, wid, f["outcome"], f["message"], config, steps, f["shrunk"], target, device, corpus, on_failure, about)
 
         def drain(block_s: float = 0.0) -> None:
             try:
@@ -356,7 +380,7 @@ def run_campaign(
                     if config is None:
                         config = {}
                     _record(result, wid, trace_mod.CRASH, f"worker {wid} {why} (the target killed its process) during the last step of this trace",
-                            config, steps, False, target, device, corpus, on_failure)
+                            config, steps, False, target, device, corpus, on_failure, about)
             if progress is not None and now - last_progress >= 1.0:
                 last_progress = now
                 _sum(result, stats, ready)
@@ -381,7 +405,7 @@ def _sum(result: Result, stats: dict, ready: dict) -> None:
     result.elapsed = time.time() - min(ready.values()) if ready else 0.0
 
 
-def _record(result, wid, outcome, message, config, steps, shrunk, target, device, corpus, on_failure) -> None:
+def _record(result, wid, outcome, message, config, steps, shrunk, target, device, corpus, on_failure, about=()) -> None:
     variant = _variant_of(target)
     path = None
     t = trace_mod.Trace(
@@ -392,7 +416,8 @@ def _record(result, wid, outcome, message, config, steps, shrunk, target, device
         target=target,
         variant=variant,
         note=("shrunk by hypothesis" if shrunk else "not shrunk: the worker process died")
-        + f"; found on {target} ({device}): {message.splitlines()[0] if message else outcome}",
+        + f"; found on {target} ({device}): {message.splitlines()[0] if message else outcome}"
+        + "".join(f"; {line}" for line in about),
     )
     if config:
         try:

@@ -10,6 +10,7 @@ Exit codes (every subcommand):
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import sys
@@ -64,6 +65,20 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+_PINNABLE = ("kind", "size", "size_swa", "page_size", "need_sort", "ring_size", "req_slots", "check_level", "debug_memory_pool")
+
+
+def _pin(text: str) -> tuple[str, object]:
+    key, eq, raw = text.partition("=")
+    if not eq or key not in _PINNABLE:
+        raise argparse.ArgumentTypeError(f"--config: {text!r} must be KEY=VALUE with KEY one of {', '.join(_PINNABLE)}")
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw  # a bare word: hybrid, strict
+    return key, value
+
+
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m fuzz", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -78,6 +93,11 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--workers", type=_positive_int("--workers"), default=1, help="worker processes (default 1)")
     r.add_argument("--db", default=DEFAULT_DB, help=f"shared hypothesis example database folder (default {DEFAULT_DB})")
     r.add_argument("--corpus", default=str(DEFAULT_CORPUS), help="folder failures are saved into (default fuzz/corpus)")
+    r.add_argument(
+        "--config", action="append", default=[], type=_pin, metavar="KEY=VALUE",
+        help="pin a configuration key over the drawn ones, e.g. --config page_size=16 --config kind=pure_swa "
+        "--config need_sort=true --config debug_memory_pool=true (repeatable; VALUE is JSON or a bare word)",
+    )
 
     rp = sub.add_parser("replay", help="replay trace files against a target", description="Replay traces; each must have its expected outcome.")
     rp.add_argument("files", nargs="+", help="trace files (.json) or folders of them")
@@ -169,7 +189,7 @@ def cmd_run(args) -> int:
 
     if args.seconds is None and args.examples is None:
         args.seconds = DEFAULT_SECONDS
-    check_target(args.target)
+    factory = check_target(args.target)
     check_device(args.device)
     check_corpus_dir(args.corpus, create=True)
     try:
@@ -178,10 +198,23 @@ def cmd_run(args) -> int:
         raise BadInput(f"--db: cannot create {args.db}: {e.strerror or e}") from None
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
     budget = " and ".join(x for x in (f"{args.seconds:g} s" if args.seconds else "", f"{args.examples} examples" if args.examples else "") if x)
+    pins = dict(args.config)
+    try:
+        from properties.lockstep import check_config
+        from properties.machine import pinned
+
+        check_config(pinned({"kind": "hybrid", "size": 4, "size_swa": 4, "page_size": 1, "ring_size": None, "req_slots": None}, pins))
+    except (ValueError, KeyError, TypeError) as e:
+        raise BadInput(f"--config: {e}") from None
+    about = campaign.describe_target(factory)
     print(f"campaign: target {args.target}, device {args.device}, seed {seed}, {args.workers} worker(s), budget {budget}, db {args.db}", file=sys.stderr)
+    for line in about + ([f"pinned: {', '.join(f'{k}={v}' for k, v in pins.items())}"] if pins else []):
+        print(line)
+    sys.stdout.flush()
     result = campaign.run_campaign(
         args.target, args.device, args.seconds, args.examples, seed, args.workers, args.db, args.corpus,
         progress=_progress, on_failure=lambda f: _print_failure(f, args.target, args.device),
+        config_overrides=pins, about=about,
     )
     if sys.stderr.isatty():
         sys.stderr.write("\n")

@@ -23,6 +23,9 @@ _DEFAULTS: dict[str, Any] = {
     "req_slots": None,
     "check_level": None,  # None: leave the current level alone
     "backend": "auto",
+    # sglang's SGLANG_DEBUG_MEMORY_POOL (its paged allocators' extra checks); the
+    # bundled allocator has no such mode, so the key is accepted and changes nothing.
+    "debug_memory_pool": False,
 }
 KEYS = _REQUIRED + tuple(_DEFAULTS)
 

@@ -41,7 +41,7 @@ def runs_of(slots: list[int], pred) -> list[tuple[int, int]]:
     return out
 
 
-CONFIG_KEYS = ("kind", "size", "size_swa", "page_size", "device", "need_sort", "ring_size", "req_slots", "check_level")
+CONFIG_KEYS = ("kind", "size", "size_swa", "page_size", "device", "need_sort", "ring_size", "req_slots", "check_level", "debug_memory_pool")
 LEVELS = ("off", "warn", "strict")
 
 
@@ -102,6 +102,8 @@ def check_config(config: dict) -> dict:
             raise ValueError(f"config key {key!r} must be a non-negative integer (page_size >= 1), got {v!r}")
     if cfg["check_level"] not in LEVELS:
         raise ValueError(f"config key 'check_level' must be one of {', '.join(LEVELS)}, got {cfg['check_level']!r}")
+    if not isinstance(cfg.get("debug_memory_pool", False), bool):
+        raise ValueError(f"config key 'debug_memory_pool' must be true or false, got {cfg['debug_memory_pool']!r}")
     if cfg["ring_size"] is not None and not isinstance(cfg["req_slots"], int):
         raise ValueError("config key 'req_slots' must be an integer when 'ring_size' is set")
     return cfg

@@ -53,6 +53,26 @@ def configs(draw, device: str = "cpu") -> dict:
     }
 
 
+def pinned(config: dict, overrides: dict) -> dict:
+    """A drawn configuration with some keys pinned. Sizes keep their page counts under a
+    pinned page size; pure SWA has one pool and no ring; page size 1 has no ring."""
+    if not overrides:
+        return config
+    out = dict(config, **overrides)
+    if out["kind"] == "pure_swa" and "page_size" not in overrides:
+        out["page_size"] = 1  # the pure-SWA allocator is page size 1 only
+    ps_old, ps = config["page_size"], out["page_size"]
+    if "size" not in overrides:
+        out["size"] = config["size"] // ps_old * ps
+    if "size_swa" not in overrides:
+        out["size_swa"] = config["size_swa"] // ps_old * ps
+    if out["kind"] == "pure_swa":
+        out["size_swa"] = out["size"]
+    if out["kind"] == "pure_swa" or ps == 1:
+        out["ring_size"] = out["req_slots"] = None
+    return out
+
+
 class LockstepMachine(RuleBasedStateMachine):
     """Subclassed by `machine_for` with a target and a device."""
 
@@ -62,6 +82,8 @@ class LockstepMachine(RuleBasedStateMachine):
     # Differential runs (SPEC 4.5): a second target and what each side's config adds.
     peer: Target | None = None
     sides: tuple[dict, dict] = ({}, {})
+    # Config keys a campaign pins (page_size, kind, need_sort, ...) over the drawn ones.
+    config_overrides: dict = {}
 
     def __init__(self):
         super().__init__()
@@ -126,7 +148,7 @@ class LockstepMachine(RuleBasedStateMachine):
     def init(self, config, first=()):
         """Build both sides; the server starts with the `first` requests in flight,
         so a run whose swarm switched admission off still has rows to work on."""
-        config = dict(config, device=self.device)
+        config = pinned(dict(config, device=self.device), self.config_overrides)
         cls = type(self)
         try:
             if cls.peer is None:
@@ -274,6 +296,8 @@ class LockstepMachine(RuleBasedStateMachine):
         """The break, where the current state can make it; None where it cannot."""
         ls, m = self.ls, self.ls.model
         hybrid = not m.pure
+        if kind in getattr(type(self).target, "unrefused_breaks", ()):
+            return None  # the target declares it does not refuse this break (SPEC 4.7)
         if kind == "nested_group":
             return Break(kind) if m.group_open else None
         if kind in ("tail_batch", "tail_long"):
@@ -316,12 +340,14 @@ def machine_for(
     census_every: int = 16,
     peer: Target | None = None,
     sides: tuple[dict, dict] = ({}, {}),
+    config_overrides: dict | None = None,
 ) -> type[LockstepMachine]:
     """A LockstepMachine class bound to one target and device.
 
     With `peer`, every step also runs on a second target and the two must agree slot
     for slot; `sides` adds config keys per side, e.g. ({"device": "cpu"}, {"device":
-    "cuda"}) or ({"backend": "cpu"}, {"backend": "npu_emulated"}).
+    "cuda"}) or ({"backend": "cpu"}, {"backend": "npu_emulated"}). `config_overrides`
+    pins configuration keys over the drawn ones (see `pinned`).
     """
     return type(
         "LockstepMachine",
@@ -332,5 +358,6 @@ def machine_for(
             "census_every": census_every,
             "peer": None if peer is None else staticmethod(peer),
             "sides": sides,
+            "config_overrides": dict(config_overrides or {}),
         },
     )

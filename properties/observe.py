@@ -21,7 +21,15 @@ def sizes(alloc) -> dict[str, int]:
 
 
 def free_pages(sub) -> list[int]:
-    """Free and staged pages (slots at page_size 1) of one sub-allocator."""
+    """Free and staged pages (slots at page_size 1) of one sub-allocator.
+
+    Through `get_all_free_pages()` where the allocator has it (sglang 0.5.23 stages
+    paged frees in a list of its own); else its `free_pages` and `release_pages`."""
+    get_all = getattr(sub, "get_all_free_pages", None)
+    if callable(get_all):
+        pages = get_all()
+        if pages is not None:
+            return pages.reshape(-1).to(torch.int64).tolist()
     parts = [sub.free_pages]
     staged = getattr(sub, "release_pages", None)
     if staged is not None and staged.numel():
@@ -50,13 +58,27 @@ def hits(alloc) -> dict[str, int] | None:
 
 
 class Tags:
-    """Tags written into the KV pools at allocation and read back at free (kv.integrity)."""
+    """Tags written into the KV pools at allocation and read back at free (kv.integrity).
+
+    A sub-pool's tag buffer is its `kv_buffer` (the bundled pool: one word per slot),
+    else the first layer of its `k_buffer` (sglang's MHA pool, one value per slot when
+    built with one head of width 1; float64 holds every tag exactly)."""
 
     def __init__(self, alloc):
         kv = alloc.get_kvcache() if hasattr(alloc, "get_kvcache") else None
-        self.full = getattr(getattr(kv, "full_kv_pool", None), "kv_buffer", None)
-        self.swa = getattr(getattr(kv, "swa_kv_pool", None), "kv_buffer", None)
+        self.full = self._buffer(getattr(kv, "full_kv_pool", None))
+        self.swa = self._buffer(getattr(kv, "swa_kv_pool", None))
         self.enabled = isinstance(self.full, torch.Tensor) and isinstance(self.swa, torch.Tensor)
+
+    @staticmethod
+    def _buffer(pool):
+        buf = getattr(pool, "kv_buffer", None)
+        if isinstance(buf, torch.Tensor):
+            return buf
+        layers = getattr(pool, "k_buffer", None)
+        if layers and isinstance(layers[0], torch.Tensor) and layers[0][0].numel() == 1 and layers[0].dtype == torch.float64:
+            return layers[0].view(-1)
+        return None
 
     @staticmethod
     def value(rid: int, pos: int) -> int:
@@ -75,4 +97,4 @@ class Tags:
         if not self.enabled or not slots:
             return []
         buf = getattr(self, buf_name)
-        return buf[self._idx(buf, slots)].tolist()
+        return [int(v) for v in buf[self._idx(buf, slots)].tolist()]
