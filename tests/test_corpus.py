@@ -13,7 +13,10 @@ from properties.targets import resolve
 from reference import names
 
 CORPUS = Path(__file__).resolve().parent.parent / "fuzz" / "corpus"
-FILES = sorted(CORPUS.glob("*.json"))
+ALL_FILES = sorted(CORPUS.glob("*.json"))
+# Findings in upstream sglang (target "sglang", no variant) are checked on sglang itself.
+UPSTREAM = [p for p in ALL_FILES if trace_mod.load(p).target == "sglang"]
+FILES = [p for p in ALL_FILES if p not in UPSTREAM]
 VARIANTS, _ = campaign.variants()
 
 
@@ -47,6 +50,21 @@ def test_entry_fails_on_its_variant(path, device):
     assert t.variant in VARIANTS, f"{path.name}: variant {t.variant!r} is not in fuzz.variants"
     out = trace_mod.run(t, VARIANTS[t.variant], device)
     assert out.outcome == t.expect, f"{path.name} on {t.variant}: expected {t.expect}, got {out.outcome}\n{out.message}"
+
+
+@pytest.mark.parametrize("path", UPSTREAM, ids=[p.stem for p in UPSTREAM])
+def test_upstream_entry_fails_on_sglang_and_passes_on_impl(path):
+    """A finding in sglang trips its invariant on the installed sglang and passes on the
+    bundled impl, which has the fix."""
+    from properties.sglang_target import available
+
+    t = trace_mod.load(path)
+    assert trace_mod.run(t, resolve("impl"), "cpu").outcome == "pass"
+    ok, why = available()
+    if not ok:
+        pytest.skip(f"sglang not importable: {why}")
+    out = trace_mod.run(t, resolve("sglang"), "cpu")
+    assert out.outcome == t.expect, f"{path.name} on sglang: expected {t.expect}, got {out.outcome}\n{out.message}"
 
 
 def test_every_variant_has_an_entry():
