@@ -23,10 +23,10 @@ def sizes(alloc) -> dict[str, int]:
 def free_pages(sub) -> list[int]:
     """Free and staged pages (slots at page_size 1) of one sub-allocator.
 
-    Its `free_pages` and `release_pages`; where it has no `release_pages` (sglang
+    Its `free_pages` and `release_pages`; where it stages in `staged_pages` (sglang
     0.5.23's paged allocator stages frees in a list of its own), `get_all_free_pages()`."""
     get_all = getattr(sub, "get_all_free_pages", None)
-    if getattr(sub, "release_pages", None) is None and callable(get_all):
+    if hasattr(sub, "staged_pages") and callable(get_all):
         pages = get_all()
         if pages is not None:
             return pages.reshape(-1).to(torch.int64).tolist()
