@@ -296,8 +296,6 @@ class LockstepMachine(RuleBasedStateMachine):
         """The break, where the current state can make it; None where it cannot."""
         ls, m = self.ls, self.ls.model
         hybrid = not m.pure
-        if kind in getattr(type(self).target, "unrefused_breaks", ()):
-            return None  # the target declares it does not refuse this break (SPEC 4.7)
         if kind == "nested_group":
             return Break(kind) if m.group_open else None
         if kind in ("tail_batch", "tail_long"):
@@ -307,7 +305,8 @@ class LockstepMachine(RuleBasedStateMachine):
         if kind == "alloc_on_paged":
             return Break(kind) if ls.ps > 1 else None
         if kind == "resize_grow":
-            return Break(kind)
+            # Not to a target that declares it does not refuse this break (SPEC 4.7).
+            return None if kind in getattr(type(self).target, "unrefused_breaks", ()) else Break(kind)
         if kind == "double_free":
             return Break(kind) if ls.ghosts else None
         if kind == "never_allocated":
