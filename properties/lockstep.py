@@ -17,8 +17,8 @@ import torch
 
 from properties import observe
 from properties.steps import (
-    Admit, AdmitTail, Break, Clear, Decode, DropTail, Evict, Extend, Finish,
-    GroupBegin, GroupEnd, MergeSort, Repair, Resize, Step, StepFormatError,
+    NEW, Admit, AdmitTail, Break, CacheFree, Clear, Decode, DropTail, Empty, Evict, Extend, Finish,
+    GroupBegin, GroupEnd, MergeSort, Prefill, Repair, Resize, Resume, Retract, Step, StepFormatError,
 )
 from reference import Contract, Model, Violation, layout, names
 
@@ -115,6 +115,10 @@ class _Row:
     slots: list[int]
     req_slot: int | None = None
     buf: torch.Tensor | None = None
+    # The first `shared` positions are a cached entry's (`src`), reused, not owned:
+    # the request never frees them, and the entry stays locked while it lives.
+    shared: int = 0
+    src: int | None = None
 
     def append(self, chunk: torch.Tensor) -> None:
         n, have = len(self.slots), 0 if self.buf is None else self.buf.numel()
@@ -132,6 +136,22 @@ class _Row:
         """The scheduler reuses the row: a free group must hold copies, not these views."""
         if self.buf is not None:
             self.buf[lo:].fill_(0)
+
+
+@dataclass
+class _Retracted:
+    """A retracted request: its host copy, and what it must read once resumed."""
+
+    length: int
+    shared: int
+    src: int | None
+    copy: object  # whatever the target's get_cpu_copy returned; opaque here
+    paired: list[bool]  # per own position: whether it held SWA KV when copied
+
+
+def bucket(n: int) -> str:
+    """Batch-size bucket for the coverage table."""
+    return "1" if n <= 1 else "2-4" if n <= 4 else "5-16" if n <= 16 else "17+"
 
 
 @dataclass
@@ -166,6 +186,13 @@ class Lockstep:
     census_every: int = 16
     rows: dict[int, _Row] = field(default_factory=dict)
     labels: Counter = field(default_factory=Counter)
+    # (method, argument shape) -> calls: the coverage table of SPEC 4.6.
+    shapes: Counter = field(default_factory=Counter)
+    # Finished requests the cache keeps (their rows), how many live rows reuse each,
+    # and retracted requests waiting to resume.
+    cache: dict[int, _Row] = field(default_factory=dict)
+    locks: Counter = field(default_factory=Counter)
+    retracted: dict[int, _Retracted] = field(default_factory=dict)
 
     def __post_init__(self):
         self.config = check_config(self.config)
@@ -281,6 +308,8 @@ class Lockstep:
         v = self.model.check_sizes(observe.sizes(self.alloc))
         if not self.pure and not self.ring:
             v += self.model.check_peers(touched_full, observe.peers(self.alloc, touched_full))
+        if not v and not self.ring:
+            v += self._check_resolve(touched_full)
         s = observe.sentinel(self.alloc)
         if s != -1:
             v.append(Violation(names.SENTINEL, f"mapping[-1] is {s}, not -1"))
@@ -291,6 +320,20 @@ class Lockstep:
         if returned_none:
             v = [Violation(names.ATOMIC, f"a call that returned None changed state: {x}") for x in v]
         self._fail(v)
+
+    def _check_resolve(self, full_slots: list[int]) -> list[Violation]:
+        """kv.resolve: the SWA slot attention reads for each full slot, through the
+        KV pool and through the allocator's translate, is the model's peer."""
+        full_slots = [f for f in full_slots if 0 < f < self.model.mapping_len - 1]
+        out = []
+        for via, got in observe.resolve(self.alloc, full_slots).items():
+            self._cover("translate_loc_from_full_to_swa", f"via {via}")
+            for f, g in zip(full_slots, got):
+                want = self.model.peer_of(f)
+                if g != want:
+                    out.append(Violation(names.KV_RESOLVE, f"{via}({f}) reads SWA slot {g}, the model says {want}"))
+                    break
+        return out
 
     def _tag(self, rid: int, positions: range, full: list[int]) -> None:
         if not self.tags.enabled:
@@ -339,6 +382,8 @@ class Lockstep:
         open_now = getattr(a, "free_group", None) is not None
         if open_now != self.model.group_open:
             v.append(Violation(names.GROUP_DEFERRED, f"the allocator's free group is {'open' if open_now else 'closed'}, the model's {'open' if self.model.group_open else 'closed'}"))
+        if not v and not self.ring:
+            v += self._check_resolve(sorted(self.model.full.live))
         model_errors = self.model.self_check()
         if model_errors:  # the model itself broke SPEC 3.1: a harness bug, said as such
             v += [Violation(x.invariant, f"reference model inconsistent: {x.detail}") for x in model_errors]
@@ -350,18 +395,23 @@ class Lockstep:
         self._fail(self.census_violations())
 
     # --------------------------------------------------------------- allocs
-    def _alloc_rows(self, what: str, batch: list[tuple[int, int, int]], new: bool) -> list[int] | None:
-        """Grow rows: batch of (rid, prefix_len, seq_len). Returns the full slots or None."""
+    def _alloc_rows(self, what: str, batch: list[tuple[int, int, int]], new: bool, tags: bool = True) -> list[int] | None:
+        """Grow rows: batch of (rid, prefix_len, seq_len). Returns the full slots or None.
+
+        tags=False leaves the new slots' KV to the caller (a resume loads it back)."""
         m, a = self.model, self.alloc
         rids = [r for r, _, _ in batch]
         prefix = [p for _, p, _ in batch]
         seq = [s for _, _, s in batch]
         last = [self.rows[r].slots[-1] if p else -1 for r, p, _ in batch]
+        short = self._short_sides(prefix, seq)
         if self.ps == 1:
             total = sum(seq) - sum(prefix)
+            self._cover("alloc", f"batch {bucket(len(batch))}", self._prefix_kinds(batch), f"short: {short}")
             ran, res = self._invoke(f"alloc({total})", lambda: a.alloc(total), m.classify_alloc(total))
             if not ran:
                 return None
+            self._check_index_tensor(f"alloc({total})", res, total)
             full = None if res is None else res.tolist()
             swa = None if full is None or self.pure else observe.peers(a, full)
             owners = [r for r, p, s in batch for _ in range(s - p)]
@@ -369,6 +419,14 @@ class Lockstep:
         else:
             contract = m.classify_paged("alloc_decode" if what == "decode" else "alloc_extend")
             contract = contract or m.classify_continuation(prefix, last)
+            call = "alloc_decode" if what == "decode" else "alloc_extend"
+            if what == "decode":
+                opening = sum(1 for p in prefix if p % self.ps == 0)
+                self._cover(call, f"batch {bucket(len(batch))}",
+                            "new page: " + ("none" if not opening else "all" if opening == len(batch) else "some"),
+                            "order: " + ("sorted" if rids == sorted(rids) else "unsorted"), f"short: {short}")
+            else:
+                self._cover(call, f"batch {bucket(len(batch))}", self._prefix_kinds(batch), f"short: {short}")
             if what == "decode":
                 fn = lambda: a.alloc_decode(self._t(seq), self._t(seq, True), self._t(last))
             else:
@@ -378,6 +436,7 @@ class Lockstep:
             ran, res = self._invoke(what, fn, contract)
             if not ran:
                 return None
+            self._check_index_tensor(call, res, sum(seq) - sum(prefix))
             full = None if res is None else res.tolist()
             swa = None if full is None or self.ring else observe.peers(a, full)
             check = m.alloc_decode(seq, last, full, swa, rids) if what == "decode" else m.alloc_extend(prefix, seq, last, full, swa, rids)
@@ -394,8 +453,43 @@ class Lockstep:
             row.slots.extend(chunk)
             row.append(res[i : i + s - p])
             i += s - p
-            self._tag(r, range(p, s), chunk)
+            if tags:
+                self._tag(r, range(p, s), chunk)
         return full
+
+    def _short_sides(self, prefix: list[int], seq: list[int]) -> str:
+        """Which pool cannot serve this batch: none, full, swa or both (coverage)."""
+        m = self.model
+        n = layout.total_new_pages(prefix, seq, self.ps)
+        full = len(m.full.free) < n
+        swa = not (self.pure or self.ring) and len(m.swa.free) < n
+        return "both" if full and swa else "full" if full else "swa" if swa else "none"
+
+    def _prefix_kinds(self, batch: list[tuple[int, int, int]]) -> str:
+        """Coverage: the prefixes of a prefill batch (zero, aligned, unaligned or mixed)."""
+        kinds = {"zero" if p == 0 else "aligned" if p % self.ps == 0 else "unaligned" for _, p, _ in batch}
+        return "prefix: " + (kinds.pop() if len(kinds) == 1 else "mixed")
+
+    def _cover(self, method: str, *shape: str) -> None:
+        for cell in shape:
+            self.shapes[(method, cell)] += 1
+
+    def _check_index_tensor(self, what: str, res, n: int) -> None:
+        """alloc.dtype: an index tensor a call returns is int64, on the allocator's
+        device, one-dimensional with one entry per position asked for."""
+        if res is None:
+            return
+        bad = None
+        if not isinstance(res, torch.Tensor):
+            bad = f"a {type(res).__name__}, not a tensor"
+        elif res.dtype != torch.int64:
+            bad = f"dtype {res.dtype}, want torch.int64"
+        elif res.device != self.device:
+            bad = f"device {res.device}, want {self.device}"
+        elif tuple(res.shape) != (n,):
+            bad = f"shape {tuple(res.shape)}, want ({n},)"
+        if bad:
+            self._fail(Violation(names.DTYPE, f"{what} returned {bad}"))
 
     def _take_req_slots(self, rids: list[int]) -> list[int]:
         """Ring mode: each admitted request holds a request slot; returns those admitted."""
@@ -415,6 +509,8 @@ class Lockstep:
     def _drop_rows(self, rids: list[int]) -> None:
         for r in rids:
             row = self.rows.pop(r)
+            if row.src is not None:
+                self.locks[row.src] -= 1
             if row.req_slot is not None:
                 self.alloc._req_to_token_pool.free(row.req_slot)
                 self.model.req_free_slot(row.req_slot)
@@ -479,18 +575,36 @@ class Lockstep:
     # ---------------------------------------------------------------- frees
     def _free_call(self, call: str, rid: int, lo: int, hi: int, start_pos: int | None = None) -> bool:
         """One free-like call on positions lo..hi-1 of request rid; True when it ran."""
+        return self._free_pieces(call, [(rid, lo, hi)], start_pos)
+
+    def _holder(self, rid: int) -> _Row:
+        """The row of a live request or of a cached entry."""
+        return self.rows[rid] if rid in self.rows else self.cache[rid]
+
+    def _free_pieces(self, call: str, pieces: list[tuple[int, int, int]], start_pos: int | None = None) -> bool:
+        """One free-like call over positions lo..hi-1 of each (rid, lo, hi) piece,
+        concatenated in order (as a cache eviction or a retracted batch passes them).
+        True when it ran."""
         m, a = self.model, self.alloc
-        row = self.rows[rid]
-        slots = row.slots[lo:hi]
-        contract = m.classify_free(call, slots, start_pos, rid)
+        held = [(rid, lo, self._holder(rid).slots[lo:hi]) for rid, lo, hi in pieces]
+        slots = [s for _, _, piece in held for s in piece]
+        contract = m.classify_free(call, slots, start_pos, held[0][0] if len(held) == 1 else None)
+        if contract is None and len(held) > 1:
+            for rid, _, piece in held:  # each piece must be its own request's
+                contract = contract or m.classify_free(call, piece, start_pos, rid)
         if contract is None:
-            self._check_tags(rid, lo, slots, swa_too=call != "free_full")
-        idx = row.view(lo, hi)
+            for rid, lo, piece in held:
+                self._check_tags(rid, lo, piece, swa_too=call != "free_full")
+        views = [self._holder(rid).view(lo, lo + len(piece)) for rid, lo, piece in held]
+        idx = views[0] if len(views) == 1 else torch.cat(views)
+        requests = len({rid for rid, _, _ in held})
+        self._cover(call, "pieces: " + ("one request" if requests == 1 else "several requests"))
         if start_pos is None:
             fn = lambda: getattr(a, call)(idx)
         else:
             fn = lambda: getattr(a, call)(idx, start_pos=start_pos)
-        ran, res = self._invoke(f"{call}(request {rid}, positions {lo}..{lo + len(slots) - 1})", fn, contract)
+        what = ", ".join(f"request {rid} positions {lo}..{lo + len(p) - 1}" for rid, lo, p in held[:3])
+        ran, res = self._invoke(f"{call}({what}{', ...' if len(held) > 3 else ''})", fn, contract)
         if not ran:
             return False
         touched = layout.expand_to_pages(slots, self.ps) if self.ps > 1 else slots
@@ -506,8 +620,8 @@ class Lockstep:
 
     def _evict(self, step: Evict) -> None:
         row = self._row(step.rid)
-        if not 0 <= step.lo < step.hi <= len(row.slots):
-            raise StepFormatError("hi", f"positions {step.lo}..{step.hi - 1} outside request {step.rid}'s {len(row.slots)}")
+        if not row.shared <= step.lo < step.hi <= len(row.slots):
+            raise StepFormatError("hi", f"positions {step.lo}..{step.hi - 1} outside request {step.rid}'s own {row.shared}..{len(row.slots) - 1}")
         if self._free_call("free_swa", step.rid, step.lo, step.hi):
             self.labels["window evicted"] += 1
             if self.pure:  # one pool: the evicted positions hold no slot any more
@@ -519,15 +633,15 @@ class Lockstep:
         lo, n, off = step.lo, step.n, step.offset
         if self.pure or self.ring:
             raise StepFormatError("op", "repair needs a hybrid allocator without a ring")
-        if n < 1 or not 0 <= lo < lo + n <= len(row.slots) or not 0 <= off < self.ps or lo % self.ps:
+        if n < 1 or not row.shared <= lo < lo + n <= len(row.slots) or not 0 <= off < self.ps or lo % self.ps:
             raise StepFormatError("n", f"positions {lo}..{lo + n - 1} (offset {off}) do not fit request {step.rid}")
         full = row.slots[lo : lo + n]
         contract = m.classify_repair(full)
         if contract is not None:
-            self.labels[f"contract broken: {contract.name}"] += 1
-            return
+            raise StepFormatError("lo", f"positions {lo}..{lo + n - 1} of request {step.rid} cannot be re-paired: {contract}")
         pages = layout.pages_spanned(off + n, self.ps)
         ran, res = self._invoke(f"swa_attn_allocator.alloc({pages * self.ps})", lambda: a.swa_attn_allocator.alloc(pages * self.ps), None)
+        self._check_index_tensor("swa_attn_allocator.alloc", res, pages * self.ps)
         swa_all = None if res is None else res.tolist()
         self._fail(m.swa_alloc(pages * self.ps, swa_all))
         if swa_all is None:
@@ -544,47 +658,77 @@ class Lockstep:
         self._after_call(full)
         self.tags.write("swa", swa, [observe.Tags.value(step.rid, lo + i) for i in range(n)])
 
-    def _finish_calls(self, rid: int, how: str) -> list[tuple[str, int, int]]:
-        """(call, lo, hi) runs that release a whole row the way `how` names."""
-        row = self.rows[rid]
-        L, ps, peer = len(row.slots), self.ps, self.model.peer
+    def _release_runs(self, row: _Row, lo: int, hi: int, how: str) -> list[tuple[str, int, int]]:
+        """(call, lo, hi) runs that release positions lo..hi-1 of a row the way `how`
+        names; lo is page-aligned. A page with any paired position goes by free (SWA
+        side first), the rest by free_full (per position at page_size 1)."""
+        ps, peer = self.ps, self.model.peer
         if self.pure:
-            return [("free", lo, hi) for lo, hi in runs_of(row.slots, lambda s: s != RELEASED)]
+            return [("free", a, b) for a, b in runs_of(row.slots[lo:hi], lambda s: s != RELEASED) for a, b in [(a + lo, b + lo)]]
         if self.ring:
-            return [("free", 0, L)]
-        # A page with any paired position is freed with free (SWA side first); the rest
-        # with free_full. At page_size 1 that is per position.
+            return [("free", lo, hi)] if hi > lo else []
         runs: list[tuple[str, int, int]] = []
-        for lo in range(0, L, ps):
-            hi = min(lo + ps, L)
-            call = "free" if any(s in peer for s in row.slots[lo:hi]) else "free_full"
+        for a in range(lo, hi, ps):
+            b = min(a + ps, hi)
+            call = "free" if any(s in peer for s in row.slots[a:b]) else "free_full"
             if runs and runs[-1][0] == call:
-                runs[-1] = (call, runs[-1][1], hi)
+                runs[-1] = (call, runs[-1][1], b)
             else:
-                runs.append((call, lo, hi))
+                runs.append((call, a, b))
         if how == "free" and (ps > 1 or all(c == "free" for c, _, _ in runs)):
-            return [("free", 0, L)]
+            return [("free", lo, hi)] if hi > lo else []
         return runs
+
+    def _release(self, rid: int, lo: int, hi: int, how: str) -> bool:
+        """Release positions lo..hi-1 of row rid as `how` says; True when all ran."""
+        row = self._holder(rid)
+        if how == "segments" and self.ps > 1 and not self.pure:
+            segs = [(row.slots[a : min(a + self.ps, hi)], a) for a in range(lo, hi, self.ps)]
+            return not segs or self._free_segments(rid, segs)
+        for call, a, b in self._release_runs(row, lo, hi, how):
+            if how == "full_segments" and call == "free_full" and not self.pure:
+                call = "free_full_segment"
+            if not self._free_call(call, rid, a, b, start_pos=a if call.endswith("_segment") else None):
+                return False
+        return True
 
     def _finish(self, step: Finish) -> None:
         row = self._row(step.rid)
         L = len(row.slots)
-        if step.how == "segments" and self.ps > 1 and not self.pure:
-            segs = [(row.slots[lo : min(lo + self.ps, L)], lo) for lo in range(0, L, self.ps)]
-            if not self._free_segments(step.rid, segs):
-                return
-        else:
-            for call, lo, hi in self._finish_calls(step.rid, step.how):
-                if not self._free_call(call, step.rid, lo, hi):
-                    return
+        if step.how == "cache":
+            self._finish_into_cache(step.rid)
+            return
+        if not self._release(step.rid, row.shared, L, step.how):
+            return
         self.labels[f"finished by {step.how}"] += 1
         self._retire(step.rid)
+
+    def _finish_into_cache(self, rid: int) -> None:
+        """The cache keeps the page-aligned part of a finished row as an entry, as a
+        paged radix cache does; the partial last page is freed."""
+        row = self._row(rid)
+        if self.pure or row.shared:
+            raise StepFormatError("how", f"request {rid} cannot be cached: {'pure SWA' if self.pure else 'it reuses a cached prefix'}")
+        L = len(row.slots)
+        # A partial last page stays only where a later request could continue it.
+        keep = L if self.continuable(row.slots) else L - L % self.ps
+        if keep < L and not self._release(rid, keep, L, "split"):
+            return
+        self.labels["finished into the cache"] += 1
+        row.slots = row.slots[:keep]
+        self.rows.pop(rid)
+        if row.req_slot is not None:
+            self.alloc._req_to_token_pool.free(row.req_slot)
+            self.model.req_free_slot(row.req_slot)
+            row.req_slot = None
+        if keep:
+            self.cache[rid] = row
 
     def _retire(self, rid: int) -> None:
         """A finished request: its slots stay known for double-free breaks, its row is reused."""
         row = self.rows[rid]
-        self.ghosts = {rid: list(row.slots)}
-        row.overwrite()
+        self.ghosts = {rid: list(row.slots[row.shared :])}
+        row.overwrite(row.shared)
         self._drop_rows([rid])
 
     def _free_segments(self, rid: int, segs: list[tuple[list[int], int]]) -> bool:
@@ -593,8 +737,9 @@ class Lockstep:
         if contract is None:
             for idx, lo in segs:
                 self._check_tags(rid, lo, idx, swa_too=True)
-        row = self.rows[rid]
+        row = self._holder(rid)
         arg = [(row.view(lo, lo + len(idx)), lo) for idx, lo in segs]
+        self._cover("free_segments", f"segments {bucket(len(segs))}")
         ran, _ = self._invoke(f"free_segments(request {rid}, {len(segs)} segments)", lambda: a.free_segments(arg), contract)
         if not ran:
             return False
@@ -608,14 +753,232 @@ class Lockstep:
 
     def _drop_tail(self, step: DropTail) -> None:
         row = self._row(step.rid)
-        if not 0 <= step.keep < len(row.slots):
-            raise StepFormatError("keep", f"keep {step.keep} outside 0..{len(row.slots) - 1}")
+        if not row.shared <= step.keep < len(row.slots):
+            raise StepFormatError("keep", f"keep {step.keep} outside {row.shared}..{len(row.slots) - 1}")
         if self._free_call("free_segment", step.rid, step.keep, len(row.slots), start_pos=step.keep):
             self.labels["tail dropped"] += 1
             row.overwrite(step.keep)
             row.slots = row.slots[: step.keep]
             if not row.slots:
                 self._drop_rows([step.rid])
+
+    # ------------------------------------------------- scheduler and cache
+    def _new_row(self, rid: int, field_name: str) -> None:
+        if rid in self.rows or rid in self.cache or rid in self.retracted:
+            raise StepFormatError(field_name, f"request {rid} is not new")
+
+    def _prefill(self, step: Prefill) -> None:
+        """A mixed prefill batch: new requests, cache hits and chunked continuations."""
+        batch, fresh, hits, takeovers, seen, used = [], [], [], {}, set(), set()
+        for i, (r, src, prefix, add) in enumerate(step.batch):
+            where = f"entry {i}"
+            if r in seen or add < 1:
+                raise StepFormatError("batch", f"{where}: request {r} twice, or add {add} < 1")
+            seen.add(r)
+            if src == NEW:
+                self._new_row(r, "batch")
+                if prefix:
+                    raise StepFormatError("batch", f"{where}: a new request starts at prefix 0, not {prefix}")
+                fresh.append(r)
+            elif src == r:
+                L = len(self._row(r, "batch").slots)
+                if prefix != L:
+                    raise StepFormatError("batch", f"{where}: request {r} continues from {L}, not {prefix}")
+            else:
+                self._new_row(r, "batch")
+                entry = self.cache.get(src)
+                if entry is None or not 0 < prefix <= len(entry.slots):
+                    raise StepFormatError("batch", f"{where}: no cached entry {src} with {prefix} positions")
+                if src in used:
+                    raise StepFormatError("batch", f"{where}: cached entry {src} twice in one batch")
+                used.add(src)
+                if prefix % self.ps:
+                    if prefix != len(entry.slots) or self.locks[src]:
+                        raise StepFormatError("batch", f"{where}: a prefix inside a page takes over all of unlocked entry {src}")
+                    takeovers[r] = src
+                hits.append((r, src, prefix))
+            batch.append((r, prefix, prefix + add))
+        admitted = set(self._take_req_slots(fresh + [r for r, _, _ in hits]))
+        for r, src, prefix in hits:
+            if r not in admitted:
+                continue
+            entry = self.cache[src]
+            row = self.rows[r]
+            row.slots = entry.slots[:prefix]
+            row.append(entry.view(0, prefix))
+            if r not in takeovers:
+                row.shared, row.src = prefix, src
+                self.locks[src] += 1
+        batch = [b for b in batch if b[0] in self.rows]  # new ones without a request slot wait
+        if not batch:
+            return
+        for r, p, _ in batch:
+            if r in admitted:
+                self.labels["prefill: cache hit" if p else "prefill: new request"] += 1
+            else:
+                self.labels["prefill: chunked continuation"] += 1
+        if len({r in admitted for r, _, _ in batch}) == 2:
+            self.labels["prefill: new and continuing requests in one batch"] += 1
+        if self._alloc_rows("prefill", batch, new=True) is None:
+            self._drop_rows([r for r in admitted if r in self.rows])
+            return
+        for r, src in takeovers.items():
+            if r in self.rows:
+                self._take_over(r, src)
+
+    def continuable(self, slots: list[int]) -> bool:
+        """Whether a row of these slots can be extended (SPEC 2.5): its last page is full,
+        or its last position still has its SWA peer at the same in-page offset."""
+        ps = self.ps
+        if not slots or len(slots) % ps == 0 or self.pure or self.ring:
+            return True
+        peer = self.model.peer.get(slots[-1])
+        return peer is not None and peer % ps == slots[-1] % ps
+
+    def _take_over(self, rid: int, src: int) -> None:
+        """The request now owns a cached entry's slots (and their KV, retagged)."""
+        entry = self.cache.pop(src)
+        n = len(entry.slots)
+        self.model.transfer(entry.slots, rid)
+        self._tag(rid, range(n), entry.slots)
+        self.labels["prefill: cached entry taken over mid-page"] += 1
+
+    def _retract(self, step: Retract) -> None:
+        """Copy each request's KV to the host, then free the batch's slots, one call
+        per kind over all the rows concatenated."""
+        if self.pure:
+            raise StepFormatError("op", "retract needs a hybrid allocator")
+        a = self.alloc
+        if len(set(step.rids)) != len(step.rids):
+            raise StepFormatError("rids", f"a request twice in {step.rids}")
+        saved = {}
+        for r in step.rids:
+            row = self._row(r, "rids")
+            own = row.slots[row.shared :]
+            idx = row.view(row.shared, len(row.slots))
+            self._cover("get_cpu_copy", f"positions {bucket(len(own))}")
+            ran, copy = self._invoke(f"get_cpu_copy(request {r})", lambda: a.get_cpu_copy(idx), None)
+            paired = [False] * len(own) if self.ring else [s in self.model.peer for s in own]
+            saved[r] = _Retracted(len(row.slots), row.shared, row.src, copy, paired)
+        by_call: dict[str, list[tuple[int, int, int]]] = {}
+        for r in step.rids:
+            row = self.rows[r]
+            for call, lo, hi in self._release_runs(row, row.shared, len(row.slots), "free"):
+                by_call.setdefault(call, []).append((r, lo, hi))
+        for call, pieces in by_call.items():
+            if not self._free_pieces(call, pieces):
+                return
+        for r in step.rids:
+            row = self.rows[r]
+            row.overwrite(row.shared)
+            src = row.src
+            row.src = None  # the retracted request keeps its lock on the entry
+            self._drop_rows([r])
+            self.retracted[r] = saved[r]
+            saved[r].src = src
+        self.labels["retracted"] += 1
+        if len(step.rids) > 1:
+            self.labels["retracted a batch"] += 1
+
+    def _resume(self, step: Resume) -> None:
+        """Re-admit retracted requests and load their host copies into the new slots:
+        each position must then read the KV it had (kv.integrity through kv.resolve)."""
+        a = self.alloc
+        if len(set(step.rids)) != len(step.rids) or any(r not in self.retracted for r in step.rids):
+            raise StepFormatError("rids", f"requests {step.rids} are not all retracted, once each")
+        admitted = self._take_req_slots(list(step.rids))
+        batch = []
+        for r in admitted:
+            saved = self.retracted[r]
+            row = self.rows[r]
+            if saved.src is not None:
+                entry = self.cache[saved.src]
+                row.slots = entry.slots[: saved.shared]
+                row.append(entry.view(0, saved.shared))
+                row.shared, row.src = saved.shared, saved.src
+                self.locks[saved.src] += 1
+            batch.append((r, saved.shared, saved.length))
+        if not batch:
+            return
+        if self._alloc_rows("resume", batch, new=True, tags=False) is None:
+            self._drop_rows(admitted)  # still retracted, still holding their entries
+            return
+        for r in admitted:
+            saved = self.retracted.pop(r)
+            if saved.src is not None:
+                self.locks[saved.src] -= 1  # the row holds its own lock now
+            row = self.rows[r]
+            own = row.slots[saved.shared :]
+            idx = row.view(saved.shared, saved.length)
+            self._cover("load_cpu_copy", f"positions {bucket(len(own))}")
+            self._invoke(f"load_cpu_copy(request {r})", lambda: a.load_cpu_copy(saved.copy, idx), None)
+            self._check_loaded(r, saved, own)
+        self.labels["resumed"] += 1
+
+    def _check_loaded(self, rid: int, saved: _Retracted, own: list[int]) -> None:
+        """After a load-back, the full KV and the SWA KV that each position resolves to
+        are what the request had; positions whose SWA KV was gone when copied are
+        recomputed (the harness writes their tags)."""
+        if not self.tags.enabled:
+            return
+        lo = saved.shared
+        want = [observe.Tags.value(rid, lo + i) for i in range(len(own))]
+        got = self.tags.read("full", own)
+        bad = [(lo + i, s, g) for i, (s, g, w) in enumerate(zip(own, got, want)) if g != w]
+        if not self.ring and not self.pure and not bad:
+            kept = [(lo + i, s) for i, s in enumerate(own) if saved.paired[i]]
+            swa = observe.peers(self.alloc, [s for _, s in kept])
+            got = self.tags.read("swa", swa)
+            bad = [(p, s, g) for (p, s), g in zip(kept, got) if g != observe.Tags.value(rid, p)]
+            redo = [(lo + i, s) for i, s in enumerate(own) if not saved.paired[i]]
+            if redo:
+                self._tag(rid, [p for p, _ in redo], [s for _, s in redo])
+        if bad:
+            p, s, g = bad[0]
+            self._fail(Violation(names.KV_INTEGRITY, f"request {rid} position {p} (slot {s}) reads tag {g:#x} after load_cpu_copy, it had {observe.Tags.value(rid, p):#x} ({len(bad)} positions wrong)"))
+
+    def _cache_free(self, step: CacheFree) -> None:
+        """A cache eviction over several entries: free / free_full drop each entry's
+        tail from lo on; free_swa releases the SWA KV of lo..hi-1 and keeps the full."""
+        pieces = []
+        for i, (rid, lo, hi) in enumerate(step.pieces):
+            entry = self.cache.get(rid)
+            if entry is None or self.locks[rid] or not 0 <= lo < hi <= len(entry.slots):
+                raise StepFormatError("pieces", f"entry {i}: {rid} is no unlocked cached entry holding {lo}..{hi - 1}")
+            if step.call != "free_swa" and hi != len(entry.slots):
+                raise StepFormatError("pieces", f"entry {i}: {step.call} evicts an entry's tail, so hi must be {len(entry.slots)}")
+            pieces.append((rid, lo, hi))
+        if len({rid for rid, _, _ in pieces}) != len(pieces):
+            raise StepFormatError("pieces", "an entry twice")
+        if not self._free_pieces(step.call, pieces):
+            return
+        self.labels[f"cache evicted by {step.call}" + (" over several entries" if len(pieces) > 1 else "")] += 1
+        if step.call == "free_swa":
+            return
+        for rid, lo, _ in pieces:
+            entry = self.cache[rid]
+            entry.overwrite(lo)
+            entry.slots = entry.slots[:lo]
+            if not lo:
+                self.ghosts = {rid: []}
+                del self.cache[rid]
+
+    def _empty(self, step: Empty) -> None:
+        """A call with nothing in it: it must return what it owes and change nothing."""
+        a, call = self.alloc, step.call
+        none = torch.empty((0,), dtype=torch.int64, device=self.device)
+        self._cover(call, "empty input")
+        if call == "alloc":
+            if self.ps != 1:
+                raise StepFormatError("call", "alloc(0) is a page_size 1 call")
+            ran, res = self._invoke("alloc(0)", lambda: a.alloc(0), self.model.classify_alloc(0))
+            self._check_index_tensor("alloc(0)", res, 0)
+        elif call == "free_segment":
+            self._invoke("free_segment(empty, start_pos=0)", lambda: a.free_segment(none, start_pos=0), None)
+        else:
+            self._invoke(f"{call}(empty)", lambda: getattr(a, call)(none), None)
+        self.labels["empty call"] += 1
+        self._after_call([])
 
     # --------------------------------------------------------------- others
     def _group_begin(self, step: GroupBegin) -> None:
@@ -633,16 +996,23 @@ class Lockstep:
         self._after_call([])
 
     def _merge_sort(self, step: MergeSort) -> None:
-        subs = [self.alloc.full_attn_allocator]
-        if self.alloc.swa_attn_allocator is not subs[0]:
-            subs.append(self.alloc.swa_attn_allocator)
-        for sub in subs:
-            self._invoke("merge_and_sort_free", sub.merge_and_sort_free, None)
+        if hasattr(self.alloc, "merge_and_sort_free"):  # the target's own entry point
+            self._cover("merge_and_sort_free", "hybrid" if not self.pure else "pure")
+            self._invoke("merge_and_sort_free", self.alloc.merge_and_sort_free, None)
+        else:  # the seed's hybrid has none: each sub-allocator's
+            subs = [self.alloc.full_attn_allocator]
+            if self.alloc.swa_attn_allocator is not subs[0]:
+                subs.append(self.alloc.swa_attn_allocator)
+            for sub in subs:
+                self._invoke("merge_and_sort_free", sub.merge_and_sort_free, None)
         self._after_call([])
 
     def _forget_rows(self) -> None:
         self._drop_rows(list(self.rows))
         self.ghosts = {}
+        self.cache.clear()
+        self.locks.clear()
+        self.retracted.clear()
 
     def _clear(self, step: Clear) -> None:
         if self.model.group_open:
@@ -670,12 +1040,13 @@ class Lockstep:
             row = self._row(step.rid)
         t = self._t
         if kind == "free_unpaired":
-            slots = [s for s in row.slots if s not in m.peer][:1] or row.slots[:1]
+            own = row.slots[row.shared :]
+            slots = [s for s in own if s not in m.peer][:1] or own[:1]
             what, contract = "free", m.classify_free("free", slots, None, step.rid)
             fn = lambda: a.free(t(slots))
         elif kind == "free_full_paired":
             # A request finished with free_full although some positions keep SWA peers.
-            if self._free_call("free_full", step.rid, 0, len(row.slots)) and not self.tainted:
+            if self._free_call("free_full", step.rid, row.shared, len(row.slots)) and not self.tainted:
                 self._retire(step.rid)
             self.labels[f"contract break: {kind}"] += 1
             return
@@ -693,16 +1064,17 @@ class Lockstep:
             what, contract = "free", m.classify_free("free", slots, None, -1)
             fn = lambda: a.free(t(slots))
         elif kind == "partial_page":
-            slots = row.slots[:1]
+            slots = row.slots[row.shared : row.shared + 1]
             what = "free" if slots[0] in m.peer else "free_full"  # the call that fits the slot
             contract = m.classify_free(what, slots, None, step.rid)
             fn = lambda: getattr(a, what)(t(slots))
         elif kind == "nested_group":
             what, contract, fn = "free_group_begin", m.classify_group_begin(), a.free_group_begin
         elif kind == "unaligned_segment":
-            slots = row.slots[1:]
-            what, contract = "free_segment", m.classify_free("free_segment", slots, 1, step.rid)
-            fn = lambda: a.free_segment(t(slots), start_pos=1)
+            start = row.shared + 1
+            slots = row.slots[start:]
+            what, contract = "free_segment", m.classify_free("free_segment", slots, start, step.rid)
+            fn = lambda: a.free_segment(t(slots), start_pos=start)
         elif kind in ("tail_batch", "tail_long"):
             bs, n = (2, 2) if kind == "tail_batch" else (1, 2)
             tail = 1 if kind == "tail_batch" else n + 1

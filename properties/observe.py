@@ -40,6 +40,23 @@ def peers(alloc, full_slots: list[int]) -> list[int]:
     return m[torch.tensor(full_slots, dtype=torch.int64, device=m.device)].tolist()
 
 
+def resolve(alloc, full_slots: list[int]) -> dict[str, list[int]]:
+    """Where attention reads the SWA KV of these full slots: through the KV pool's
+    registered mapping and through the allocator's own translate. Empty where the
+    target has neither (a target without an SWA KV pool)."""
+    if not full_slots:
+        return {}
+    out = {}
+    m = alloc.full_to_swa_index_mapping
+    idx = torch.tensor(full_slots, dtype=torch.int64, device=m.device)
+    kv = alloc.get_kvcache() if hasattr(alloc, "get_kvcache") else None
+    if hasattr(kv, "translate_loc_from_full_to_swa"):
+        out["the KV pool's translate_loc_from_full_to_swa"] = kv.translate_loc_from_full_to_swa(idx).tolist()
+    if hasattr(alloc, "translate_loc_from_full_to_swa"):
+        out["translate_loc_from_full_to_swa"] = alloc.translate_loc_from_full_to_swa(idx).tolist()
+    return out
+
+
 def sentinel(alloc) -> int:
     return int(alloc.full_to_swa_index_mapping[-1])
 

@@ -360,6 +360,11 @@ class Model:
                 if not self.swa.used[s // self.page_size]:
                     self.leaked.add(s // self.page_size)
 
+    def transfer(self, full_slots: list[int], owner: int) -> None:
+        """These live full slots now belong to `owner` (a cached entry handed to a request)."""
+        for f in full_slots:
+            self.full.owner[f] = owner
+
     def strand(self, slots: list[int]) -> None:
         """A free_full of paired slots that the allocator accepted (guard off or counting):
         the full slots go, their mapping entries and SWA peers stay behind."""

@@ -4,8 +4,9 @@ import pytest
 
 from properties.lockstep import Lockstep, LockstepFailure, check_config, replay
 from properties.steps import (
-    STEP_TYPES, Admit, AdmitTail, Break, Clear, Decode, DropTail, Evict, Extend, Finish,
-    GroupBegin, GroupEnd, MergeSort, Repair, Resize, StepFormatError, step_from_json,
+    NEW, STEP_TYPES, Admit, AdmitTail, Break, CacheFree, Clear, Decode, DropTail, Empty, Evict, Extend,
+    Finish, GroupBegin, GroupEnd, MergeSort, Prefill, Repair, Resize, Resume, Retract, StepFormatError,
+    step_from_json,
 )
 from properties.targets import TargetError, resolve
 from properties import steps as steps_module
@@ -14,6 +15,8 @@ EXAMPLES = [
     Admit(((0, 5), (1, 3))), AdmitTail(2, 7, 3), Extend(((0, 2),)), Decode((0, 1)),
     Evict(0, 0, 4), Repair(0, 0, 4, 1), Finish(0, "split"), DropTail(1, 2), GroupBegin(),
     GroupEnd(), MergeSort(), Clear(), Resize(8, 8), Break("double_free"), Break("partial_page", 3),
+    Prefill(((3, NEW, 0, 9), (0, 0, 5, 2), (4, 7, 4, 1))), Retract((0, 1)), Resume((1, 0)),
+    CacheFree("free_swa", ((7, 0, 4), (8, 2, 3))), Empty("free_segment"),
 ]
 
 
@@ -38,6 +41,10 @@ def test_step_json_round_trip_and_repr_is_python(step):
         ({"op": "finish", "rid": 0, "how": "gently"}, "how"),
         ({"op": "break", "kind": "everything"}, "kind"),
         ({"op": "clear", "extra": 1}, "extra"),
+        ({"op": "prefill", "batch": [[0, -1, 0]]}, "batch"),
+        ({"op": "cache_free", "call": "free_segment", "pieces": [[0, 0, 1]]}, "call"),
+        ({"op": "cache_free", "call": "free", "pieces": [[0, 0, True]]}, "pieces"),
+        ({"op": "empty", "call": "resize"}, "call"),
         ([1, 2], "op"),
     ],
 )
