@@ -33,6 +33,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "get_cpu_copy": ("positions 1", "positions 2-4", "positions 5-16", "positions 17+"),
     "load_cpu_copy": ("positions 1", "positions 2-4", "positions 5-16", "positions 17+"),
     "merge_and_sort_free": ("hybrid", "pure"),
+    "new_pages_available": ("enough", "short"),
     "translate_loc_from_full_to_swa": (
         "via the KV pool's translate_loc_from_full_to_swa",
         "via translate_loc_from_full_to_swa",

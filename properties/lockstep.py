@@ -405,6 +405,7 @@ class Lockstep:
         seq = [s for _, _, s in batch]
         last = [self.rows[r].slots[-1] if p else -1 for r, p, _ in batch]
         short = self._short_sides(prefix, seq)
+        self._check_pages_available(prefix, seq, short)
         if self.ps == 1:
             total = sum(seq) - sum(prefix)
             self._cover("alloc", f"batch {bucket(len(batch))}", self._prefix_kinds(batch), f"short: {short}")
@@ -464,6 +465,19 @@ class Lockstep:
         full = len(m.full.free) < n
         swa = not (self.pure or self.ring) and len(m.swa.free) < n
         return "both" if full and swa else "full" if full else "swa" if swa else "none"
+
+    def _check_pages_available(self, prefix: list[int], seq: list[int], short: str) -> None:
+        """new_pages_available(n, n) for the pages this batch needs must say what the
+        model says: a scheduler asks it before it forms the batch."""
+        ask = getattr(self.alloc, "new_pages_available", None)
+        if ask is None:
+            return
+        n = layout.total_new_pages(prefix, seq, self.ps)
+        ran, got = self._invoke(f"new_pages_available({n}, {n})", lambda: ask(n, n), None)
+        want = short == "none"
+        self._cover("new_pages_available", "enough" if want else "short")
+        if ran and bool(got) != want:
+            self._fail(Violation(names.CAPACITY, f"new_pages_available({n}, {n}) is {got}, the model says {want} ({self.model.free_desc()})"))
 
     def _prefix_kinds(self, batch: list[tuple[int, int, int]]) -> str:
         """Coverage: the prefixes of a prefill batch (zero, aligned, unaligned or mixed)."""

@@ -386,13 +386,13 @@ class Model:
         """True when the result is None (checked); records a capacity mismatch."""
         if result is None:
             if not short:
-                out.append(Violation(names.CAPACITY, f"{call} returned None with enough free pages ({self._free_desc()})"))
+                out.append(Violation(names.CAPACITY, f"{call} returned None with enough free pages ({self.free_desc()})"))
             return True
         if short:
-            out.append(Violation(names.CAPACITY, f"{call} returned slots although a pool is short ({self._free_desc()})"))
+            out.append(Violation(names.CAPACITY, f"{call} returned slots although a pool is short ({self.free_desc()})"))
         return False
 
-    def _free_desc(self) -> str:
+    def free_desc(self) -> str:
         if self.pure:
             return f"free {len(self.full.free)}"
         return f"full free {len(self.full.free)} pages, SWA free {len(self.swa.free)} pages"
