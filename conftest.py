@@ -31,6 +31,16 @@ settings.register_profile(
     max_examples=20,
     **{**_common, "stateful_step_count": 10},
 )
+# The mutation score (bench/mutation.py): ci's derandomized search on a smaller budget,
+# without shrinking (a mutant is killed by any failure) and without a database.
+settings.register_profile(
+    "mutation",
+    max_examples=int(os.environ.get("SWA_LOCKSTEP_MUTATION_EXAMPLES", "200")),
+    derandomize=True,
+    database=None,
+    phases=(Phase.explicit, Phase.generate),
+    **_common,
+)
 settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "fast"))
 
 
