@@ -484,11 +484,13 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             # (e.g. a load-back whose SWA chunk began mid-page); their 0 must
             # not reach the free list. And a page another full page still
             # pairs into stays owned: it goes when its last pair does.
-            # One mask (one sync) per release.
-            pages = swa_indices // ps
+            # Each page is looked at once (one mask and one unique, so host syncs,
+            # per release): the expansion repeats a page for every index on it,
+            # and a check per repeat would cost page_size squared a page.
+            pages = torch.unique(swa_indices[swa_indices > 0] // ps)
             on_page = pages[:, None] * ps + torch.arange(ps, device=swa_indices.device)[None, :]
             still_paired = self._swa_to_full[on_page].ne(0).any(dim=1)
-            swa_indices = swa_indices[(swa_indices > 0) & ~still_paired]
+            swa_indices = pages[~still_paired] * ps
         self.swa_attn_allocator.free(swa_indices)
         assert self.swa_attn_allocator.available_size() <= self.swa_attn_allocator.size
 
