@@ -267,10 +267,20 @@ class LockstepMachine(RuleBasedStateMachine):
     @precondition(lambda self: self._has_rows() and bool(self._decodable()))
     @rule(data=st.data())
     def decode(self, data):
-        """A decode batch over many live requests, in any order."""
+        """A run of decode steps over one batch in a scheduler's order (not sorted):
+        every running request, or some of them; requests cross page boundaries at
+        different steps, several in one step."""
         live = self._decodable()
-        rids = data.draw(st.lists(st.sampled_from(live), min_size=1, max_size=min(DECODE_MAX, len(live)), unique=True), label="decoding")
-        self._go(Decode(tuple(rids)))
+        if data.draw(st.booleans(), label="all running"):
+            rids = data.draw(st.permutations(live[:DECODE_MAX]), label="decoding")
+        else:
+            rids = data.draw(st.lists(st.sampled_from(live), min_size=1, max_size=min(DECODE_MAX, len(live)), unique=True), label="decoding")
+        steps = data.draw(st.integers(1, 2 * min(self.ls.ps, 8) + 1), label="decode steps")
+        for _ in range(steps):
+            rids = [r for r in rids if r in self.ls.rows and self.ls.continuable(self.ls.rows[r].slots)]
+            if not rids:
+                break
+            self._go(Decode(tuple(rids)))
 
     @precondition(lambda self: self._has_rows() and bool(self._evictable()))
     @rule(data=st.data())
