@@ -50,10 +50,15 @@ DECODE_MAX = 64
 
 
 @st.composite
-def configs(draw, device: str = "cpu") -> dict:
-    """A configuration of SPEC 4.1, from pools that run out to production scale."""
-    kind = draw(st.sampled_from(("hybrid", "hybrid", "hybrid", "pure_swa")))
-    ps = 1 if kind == "pure_swa" else draw(st.sampled_from(PAGE_SIZES))
+def configs(draw, device: str = "cpu", fixed: dict | None = None) -> dict:
+    """A configuration of SPEC 4.1, from pools that run out to production scale.
+
+    `fixed` pins keys; the others are drawn to fit them (sizes are whole pages of a
+    fixed page size, pure SWA only at page size 1)."""
+    fixed = fixed or {}
+    kinds = ("hybrid", "hybrid", "hybrid") + (("pure_swa",) if fixed.get("page_size", 1) == 1 else ())
+    kind = fixed.get("kind") or draw(st.sampled_from(kinds))
+    ps = fixed.get("page_size") or (1 if kind == "pure_swa" else draw(st.sampled_from(PAGE_SIZES)))
     scale = draw(st.sampled_from(SCALES))
     if scale == "tiny":
         pages = draw(st.integers(2, 12))
@@ -67,7 +72,7 @@ def configs(draw, device: str = "cpu") -> dict:
     if kind == "pure_swa":
         swa_pages = pages
     ring = kind == "hybrid" and ps > 1 and draw(st.integers(0, 4)) == 0
-    return {
+    drawn = {
         "kind": kind,
         "size": pages * ps,
         "size_swa": swa_pages * ps,
@@ -78,6 +83,7 @@ def configs(draw, device: str = "cpu") -> dict:
         "req_slots": draw(st.integers(1, 24)) if ring else None,
         "check_level": draw(st.sampled_from(("strict", "warn", "off"))),
     }
+    return {**drawn, **fixed}
 
 
 @st.composite
@@ -97,6 +103,8 @@ class LockstepMachine(RuleBasedStateMachine):
     # Differential runs (SPEC 4.5): a second target and what each side's config adds.
     peer: Target | None = None
     sides: tuple[dict, dict] = ({}, {})
+    # Keys fixed for every run (a campaign on one page size, a benchmark's pool).
+    fixed: dict = {}
 
     def __init__(self):
         super().__init__()
@@ -189,12 +197,12 @@ class LockstepMachine(RuleBasedStateMachine):
         return sorted(r for r in self.ls.cache if not self.ls.locks[r])
 
     # --------------------------------------------------------------- init
-    @initialize(config=configs(), window=st.integers(1, 64), data=st.data())
-    def init(self, config, window, data):
+    @initialize(window=st.integers(1, 64), data=st.data())
+    def init(self, window, data):
         """Build both sides; the server starts with a few requests in flight, so a run
         whose swarm switched admission off still has rows to work on."""
-        config = dict(config, device=self.device)
         cls = type(self)
+        config = data.draw(configs(self.device, cls.fixed), label="config")
         pages = config["size"] // config["page_size"]
         census = cls.census_every if pages <= CENSUS_PAGES else cls.census_every * 16
         try:
@@ -546,12 +554,14 @@ def machine_for(
     census_every: int = 16,
     peer: Target | None = None,
     sides: tuple[dict, dict] = ({}, {}),
+    fixed: dict | None = None,
 ) -> type[LockstepMachine]:
     """A LockstepMachine class bound to one target and device.
 
     With `peer`, every step also runs on a second target and the two must agree slot
     for slot; `sides` adds config keys per side, e.g. ({"device": "cpu"}, {"device":
-    "cuda"}) or ({"backend": "cpu"}, {"backend": "npu_emulated"}).
+    "cuda"}) or ({"backend": "cpu"}, {"backend": "npu_emulated"}). `fixed` pins
+    configuration keys (e.g. {"page_size": 16}) over the drawn ones.
     """
     return type(
         "LockstepMachine",
@@ -562,5 +572,6 @@ def machine_for(
             "census_every": census_every,
             "peer": None if peer is None else staticmethod(peer),
             "sides": sides,
+            "fixed": dict(fixed or {}),
         },
     )
