@@ -88,9 +88,13 @@ def configs(draw, device: str = "cpu", fixed: dict | None = None) -> dict:
 
 @st.composite
 def lengths(draw, ps: int) -> int:
-    """Tokens a request adds: mostly up to a few pages, one in eight up to thousands."""
-    if draw(st.integers(0, 7)) == 7:
+    """Tokens a request adds: a few (speculative or jump-forward extends, inside one
+    page), up to a few pages, and one in eight up to thousands."""
+    kind = draw(st.integers(0, 7))
+    if kind == 7:
         return draw(st.integers(1, 4096))
+    if kind < 2:
+        return draw(st.integers(1, max(1, ps // 2)))
     return draw(st.integers(1, 3 * ps + 2))
 
 
