@@ -29,6 +29,19 @@ def free_pages(sub) -> list[int]:
     return torch.cat([p.reshape(-1).to(torch.int64) for p in parts]).tolist()
 
 
+def free_mask(sub, pages: list[int]) -> list[bool]:
+    """Whether each of `pages` is free or staged in one sub-allocator: one membership
+    test on the device, so asking about a few pages never copies the pool's list."""
+    if not pages:
+        return []
+    parts = [sub.free_pages]
+    staged = getattr(sub, "release_pages", None)
+    if staged is not None and staged.numel():
+        parts.append(staged)
+    pool = torch.cat([p.reshape(-1).to(torch.int64) for p in parts])
+    return torch.isin(torch.tensor(pages, dtype=torch.int64, device=pool.device), pool).tolist()
+
+
 def mapping(alloc) -> list[int]:
     return alloc.full_to_swa_index_mapping.tolist()
 
