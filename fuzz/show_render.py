@@ -97,7 +97,7 @@ def pool_lines(pm: S.PoolMap, paint: _Paint) -> list[str]:
         f"{pm.title}: {pm.num_pages} pages of {pm.page_size} slot{'s' * (pm.page_size != 1)}, page 0 padding; "
         f"free pages: model {pm.model_free}, target {pm.target_free}; differing {pm.differing}"
     )
-    lines = [head, " " * width + " " + "".join(f"{'+' + str(i):>3} " for i in range(S.ROW)).rstrip()]
+    lines = [head, " " * width + " " + "".join(f"{'+' + str(i):>3} " for i in range(min(S.ROW, pm.extent))).rstrip()]
     for item in pm.layout:
         if isinstance(item, S.Fold):
             extra = f", target {item.target_free} free" if item.target_free != item.free else ""
@@ -235,7 +235,7 @@ def _cell_svg(x: int, y: int, cell, involved: bool, key: str, tip: str) -> str:
 def map_svg(pm: S.PoolMap) -> str:
     involved = set(pm.involved)
     body, y = [], 16
-    body.append("".join(f'<text class="head" x="{LW + i * CW + CW / 2:g}" y="8">+{i}</text>' for i in range(S.ROW)))
+    body.append("".join(f'<text class="head" x="{LW + i * CW + CW / 2:g}" y="8">+{i}</text>' for i in range(min(S.ROW, pm.extent))))
     for item in pm.layout:
         if isinstance(item, S.Fold):
             held = f", {item.held} held" if item.held else ""
