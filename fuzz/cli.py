@@ -176,6 +176,8 @@ def _print_failure(f, target: str, device: str) -> None:
         dev = f" --device {device}" if device != "cpu" else ""
         print(f"  saved: {f.path}")
         print(f"  replay: python -m fuzz replay {f.path} --target {target}{dev}")
+    if f.page is not None:
+        print(f"  page: {f.page} (open it in a browser)")
     sys.stdout.flush()
 
 

@@ -17,6 +17,7 @@ read-only accessors; the driver runs unchanged.
 
 from __future__ import annotations
 
+import array
 import bisect
 import re
 import subprocess
@@ -24,6 +25,8 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import torch
 
 from fuzz import trace as trace_mod
 from properties import observe
@@ -68,17 +71,21 @@ class PageState:
             return "o"
         return {"padding": "P", "free": ".", "held": "H", "beyond": "x"}[self.model]
 
+    def state(self) -> str:
+        """The model's state in words: free, padding, held, or who owns it."""
+        if self.model == "owned":
+            return "owned by " + (", ".join(f"request {r}" for r in self.owners) or "no live request")
+        if self.model == "held":
+            return "held by the open free group (released at its end)"
+        if self.model == "beyond":
+            return "beyond the pool's current size"
+        return self.model
+
     def describe(self) -> str:
         """A sentence for a tooltip or a table row."""
+        text = self.state()
         if self.model == "owned":
-            who = ", ".join(f"request {r}" for r in self.owners) or "no live request"
-            text = f"owned by {who}, {self.live} live slot{'s' * (self.live != 1)}"
-        elif self.model == "held":
-            text = "held by the open free group (released at its end)"
-        elif self.model == "beyond":
-            text = "beyond the pool's current size"
-        else:
-            text = self.model
+            text += f", {self.live} live slot{'s' * (self.live != 1)}"
         if self.peers:
             other = "SWA" if self.side == "full" else "full"
             text += f"; {'peers on' if self.side == 'full' else 'paired from'} {other} pages {_ints(self.peers)}"
@@ -193,6 +200,13 @@ class Shown:
     @property
     def matches(self) -> bool:
         return self.outcome == self.expected
+
+
+def _tensor(ints) -> torch.Tensor:
+    """An int64 tensor of a set's or dict's ints; through array, which reads them at C
+    speed (torch.tensor of a list costs several times more on a million)."""
+    buf = array.array("q", ints)
+    return torch.frombuffer(buf, dtype=torch.int64).clone() if buf else torch.zeros(0, dtype=torch.int64)
 
 
 def _ints(values) -> str:
@@ -337,74 +351,101 @@ class _Pools:
         got = dict(zip(full, observe.peers(self.alloc, full))) if full and not m.pure else {}
         return [self.slot_state(side, s, got.get(s)) for side, s in slots]
 
-    # -- the once-per-view comparison, O(free list + mapping)
+    # -- the once-per-view comparison: O(free list + mapping), vectorized
     def differences(self) -> tuple[dict[str, dict[int, list[str]]], list[str]]:
         """Per pool, the pages where the target's free list or mapping disagrees with the
-        model, each with its reasons; and the lines for what differs elsewhere."""
+        model (the first few with their reasons; all of them in a mask, for the folded
+        counts), and lines for what differs outside the pools."""
         m, ps = self.model, self.ps
+        limit = 4 * MAX_INVOLVED
         out: dict[str, dict[int, list[str]]] = {side: {} for side in self.sides}
-        self.target_free_sets: dict[str, set[int]] = {}
+        self.masks: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self.outside: dict[str, set[int]] = {}
         for side in self.sides:
             pool, diff = self.pool(side), out[side]
-            listed = observe.free_pages(self.sub(side))
-            free = set(listed)
-            self.target_free_sets[side] = free
-            if len(free) != len(listed):
-                for p, k in Counter(listed).items():
-                    if k > 1:
-                        diff.setdefault(p, []).append(f"{k} times in the target's free list")
-            for p in free - pool.free:
+            n = pool.num_pages + 1
+            listed = observe.free_page_tensor(self.sub(side)).cpu()
+            inside = (listed >= 0) & (listed < n)
+            counts = torch.bincount(listed[inside], minlength=n)
+            beyond = Counter(listed[~inside].tolist())  # pages a correct free list never holds
+            mfree = torch.zeros(n, dtype=torch.bool)
+            if pool.free:
+                mfree[_tensor(pool.free)] = True
+            tfree = counts > 0
+            dmask = (tfree != mfree) | (counts > 1)
+            self.masks[side] = (mfree, tfree, dmask)
+            self.outside[side] = set(beyond)
+            held = set(self.held(side))
+            for p in (counts > 1).nonzero().flatten()[:limit].tolist():
+                diff.setdefault(p, []).append(f"{int(counts[p])} times in the target's free list")
+            for p, k in list(beyond.items())[:limit]:
+                diff.setdefault(p, []).append(f"in the target's free list{f' {k} times' if k > 1 else ''}, beyond the pool's {pool.num_pages} pages")
+            for p in (tfree & ~mfree).nonzero().flatten()[:limit].tolist():
                 if p == 0:
                     why = "the padding page is in the target's free list"
-                elif p > pool.num_pages or p < 0:
-                    why = f"in the target's free list, beyond the pool's {pool.num_pages} pages"
-                elif p in self.held(side):
+                elif p in held:
                     why = "free in the target, held by the open free group in the model"
                 else:
                     why = "free in the target, owned in the model"
                 diff.setdefault(p, []).append(why)
-            for p in pool.free - free:
+            for p in (mfree & ~tfree).nonzero().flatten()[:limit].tolist():
                 diff.setdefault(p, []).append("free in the model, missing from the target's free list")
         lines: list[str] = []
         if not m.pure:
-            got = observe.mapping(self.alloc)
-            want = [0] * (m.mapping_len - 1)
-            for table in (m.stale, m.peer):
-                for f, s in table.items():
-                    want[f] = s
-            if len(got) != m.mapping_len:
-                lines.append(f"mapping has {len(got)} entries, the model {m.mapping_len}")
-            else:
-                if got[-1] != -1:
-                    lines.append(f"the mapping's sentinel (last entry) is {got[-1]}, not -1")
-                wrong = [f for f, (g, w) in enumerate(zip(got, want)) if g != w] if got[:-1] != want else []
-                for f in wrong[: 4 * MAX_INVOLVED]:
-                    g, w = got[f], want[f]
-                    out["full"].setdefault(f // ps, []).append(f"mapping[{f}] is {g}, model says {w}")
+            got = observe.mapping_tensor(self.alloc).to("cpu", torch.int64)
+            if got.numel() != m.mapping_len:
+                lines.append(f"mapping has {got.numel()} entries, the model {m.mapping_len}")
+                return out, lines
+            if int(got[-1]) != -1:
+                lines.append(f"the mapping's sentinel (last entry) is {int(got[-1])}, not -1")
+            want = torch.zeros(m.mapping_len - 1, dtype=torch.int64)
+            for table in (m.stale, m.peer):  # a live peer overrides a stale entry, as in the census
+                if table:
+                    want[_tensor(table)] = _tensor(table.values())
+            wrong = (got[:-1] != want).nonzero().flatten()
+            if wrong.numel():
+                g, w = got[wrong], want[wrong]
+                self._mark("full", wrong // ps)
+                if "swa" in out:
+                    self._mark("swa", torch.cat([g[g > 0], w[w > 0]]) // ps)
+                for f, gf, wf in zip(wrong[:limit].tolist(), g[:limit].tolist(), w[:limit].tolist()):
+                    out["full"].setdefault(f // ps, []).append(f"mapping[{f}] is {gf}, model says {wf}")
                     if "swa" in out:
-                        for s, who in ((g, "target"), (w, "model")):
-                            if s > 0:
-                                out["swa"].setdefault(s // ps, []).append(f"the {who} pairs full slot {f} into slot {s}")
-                if wrong:
-                    lines.append(f"{len(wrong)} mapping entries differ (first: mapping[{wrong[0]}] is {got[wrong[0]]}, model says {want[wrong[0]]})")
+                        for slot, who in ((gf, "target"), (wf, "model")):
+                            if slot > 0:
+                                out["swa"].setdefault(slot // ps, []).append(f"the {who} pairs full slot {f} into slot {slot}")
+                lines.append(f"{wrong.numel()} mapping entries differ (first: mapping[{int(wrong[0])}] is {int(g[0])}, model says {int(w[0])})")
         return out, lines
 
-    def fold_counts(self, side: str, diff: dict[int, list[str]]):
-        """A counter of [lo, hi) page runs from sorted free and held lists: O(free log free) once."""
-        pool = self.pool(side)
-        free = sorted(pool.free)
-        held = sorted(self.held(side))
-        tfree = self.target_free_sets[side]
-        only_t = sorted(p for p in diff if p in tfree and p not in pool.free)
-        only_m = sorted(p for p in diff if p in pool.free and p not in tfree)
-        dpages = sorted(diff)
+    def _mark(self, side: str, pages: torch.Tensor) -> None:
+        dmask = self.masks[side][2]
+        dmask[pages[(pages >= 0) & (pages < dmask.numel())]] = True
 
-        def count(xs, lo, hi):
-            return bisect.bisect_left(xs, hi) - bisect.bisect_left(xs, lo)
+    def differing(self, side: str) -> int:
+        return int(self.masks[side][2].sum()) + len(self.outside[side])
+
+    def target_free_count(self, side: str) -> int:
+        return int(self.masks[side][1].sum()) + len(self.outside[side])
+
+    def target_free(self, side: str, pages: list[int]) -> dict[int, bool]:
+        tfree = self.masks[side][1]
+        n = tfree.numel()
+        inside = [p for p in pages if 0 <= p < n]
+        got = dict(zip(inside, tfree[torch.tensor(inside, dtype=torch.int64)].tolist())) if inside else {}
+        return {p: got.get(p, p in self.outside[side]) for p in pages}
+
+    def fold_counts(self, side: str):
+        """Counts over [lo, hi) page runs from prefix sums of the masks: O(pages) once,
+        vectorized; then O(1) per run."""
+        mfree, tfree, dmask = self.masks[side]
+        sums = [torch.cat([torch.zeros(1, dtype=torch.int64), x.to(torch.int64).cumsum(0)]) for x in (mfree, tfree, dmask)]
+        n = mfree.numel()
+        held = sorted(self.held(side))
 
         def fold(lo: int, hi: int) -> Fold:
-            f = count(free, lo, hi)
-            return Fold(lo, hi, f, count(held, lo, hi), f + count(only_t, lo, hi) - count(only_m, lo, hi), count(dpages, lo, hi))
+            a, b = min(lo, n), min(hi, n)
+            f, t, d = (int(c[b] - c[a]) for c in sums)
+            return Fold(lo, hi, f, bisect.bisect_left(held, hi) - bisect.bisect_left(held, lo), t, d)
 
         return fold
 
@@ -470,15 +511,15 @@ def snapshot(
         involved = _pick([base[side], sorted(set(peers[side]))], MAX_INVOLVED + MAX_PEERS)
         extent = max([pool.num_pages + 1] + [p + 1 for p in involved])
         row_starts, fold_runs = _layout(extent, involved)
-        tfree = r.target_free_sets[side]
         drawn = [p for start in row_starts for p in range(start, min(start + ROW, extent))]
+        tfree = r.target_free(side, drawn)
         tpeers = r.target_peer_pages([p for p in drawn if r.pool(side).used.get(p, 0) or p in diff]) if side == "full" else {}
-        pages = {p: r.page_state(side, p, p in tfree, tpeers.get(p), diff.get(p, ())) for p in drawn}
-        fold = r.fold_counts(side, diff)
+        pages = {p: r.page_state(side, p, tfree[p], tpeers.get(p), diff.get(p, ())) for p in drawn}
+        fold = r.fold_counts(side)
         layout: list[int | Fold] = [*row_starts, *(fold(lo, hi) for lo, hi in fold_runs)]
         layout.sort(key=lambda x: x if isinstance(x, int) else x.lo)
         pools.append(PoolMap(side, r.title(side), r.ps, pool.num_pages, extent, pages, layout, involved,
-                             len(pool.free), len(tfree), len(diff)))
+                             len(pool.free), r.target_free_count(side), r.differing(side)))
     sizes_t = observe.sizes(alloc)
     sizes = {k: (v, sizes_t.get(k)) for k, v in model.sizes().items()}
     group = (model.group_open, getattr(alloc, "free_group", None) is not None)

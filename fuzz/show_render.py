@@ -118,15 +118,29 @@ def pool_lines(pm: S.PoolMap, paint: _Paint) -> list[str]:
 
 
 def _involved_lines(snap: S.Snapshot) -> list[str]:
+    """One line per page where model and target differ; runs of adjacent pages in the
+    same state share a line, so a long request's pages do not flood the screen."""
     out = []
     for pm in snap.pools:
         side = "full" if pm.side == "full" else "SWA"
-        for p in pm.involved:
-            c = pm.pages.get(p)
-            if c is None:
-                continue
-            why = "; ".join(c.differs)
-            out.append(f"  {'!' if disagrees(c) else ' '} {side:<4} page {p:<7} {c.symbol:<3} {c.describe()}" + (f"  <- {why}" if why else ""))
+        pages = sorted(p for p in pm.involved if p in pm.pages)
+        i = 0
+        while i < len(pages):
+            p, c = pages[i], pm.pages[pages[i]]
+            j = i
+            while (
+                not disagrees(c) and j + 1 < len(pages) and pages[j + 1] == pages[j] + 1
+                and not disagrees(nxt := pm.pages[pages[j + 1]]) and (nxt.model, nxt.owners) == (c.model, c.owners)
+            ):
+                j += 1
+            if j - i >= 2:
+                out.append(f"    {side:<4} pages {p}..{pages[j]} ({j - i + 1} pages)  {c.symbol:<3} {c.state()}")
+            else:
+                for q in pages[i : j + 1]:
+                    d = pm.pages[q]
+                    why = "; ".join(d.differs)
+                    out.append(f"  {'!' if disagrees(d) else ' '} {side:<4} page {q:<7} {d.symbol:<3} {d.describe()}" + (f"  <- {why}" if why else ""))
+            i = j + 1
     for st in snap.slots:
         side = "full" if st.side == "full" else "SWA"
         out.append(f"  {'!' if st.differs else ' '} {side:<4} slot {st.slot:<7} {st.symbol:<3} {st.describe()}")
