@@ -62,9 +62,8 @@ def _ansi(cell: S.PageState, involved: bool) -> str:
 
 # ---------------------------------------------------------------- terminal
 LEGEND = (
-    "legend: P padding  . free  rN request N  r+ several requests  o owned, no live request  "
-    "H held by the open free group  x beyond the pool's size\n"
-    "        * involved  ! model and target differ"
+    "legend: P padding  . free  rN request N  r+ several requests  H held by the open free group\n"
+    "        o owned, no live request  x beyond the pool's size  * involved  ! model and target differ"
 )
 
 
