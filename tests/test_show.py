@@ -276,3 +276,8 @@ def test_a_campaign_writes_the_page_beside_the_trace_and_prints_it(tmp_path):
     assert Path(page) == Path(saved).with_suffix(".html")
     root = ET.parse(page).getroot()
     assert trace_mod.load(saved).name in "".join(root.itertext())
+
+
+def test_the_readme_shows_the_current_terminal_view():
+    golden = GOLDEN / "seed-release-paired-page-pool.no-double-ownership-b5f72ec9c9.txt"
+    assert golden.read_text() in (ROOT / "README.md").read_text(), "README's show picture is stale: paste the golden in"
