@@ -555,7 +555,11 @@ class _Run:
             # The census after construction failed: the pools as built are the state.
             self.failure, self.failed_at = e, -1
             c = self.config
-            self.alloc = self.factory(dict(c))
+            try:
+                self.alloc = self.factory(dict(c))
+            except Exception as again:  # it built once; a second build that fails is a crash
+                self.crash = f"{type(again).__name__}: {again}"
+                return False
             self.model = Model(c["kind"], c["size"], c["size_swa"], c["page_size"], c["need_sort"], c["ring_size"], c["req_slots"])
             return False
         except NotImplementedError as e:
@@ -694,14 +698,20 @@ def _history(result: Shown, factory, device: str, slot_keys: list[tuple[str, int
     for i in range(result.index + 1):
         went_on = run.step(i)
         r = _Pools(run.model, run.alloc, run.config)
-        for side in r.sides:
-            pages = [p for s, p in keys if s == side]
-            free = observe.free_mask(r.sub(side), pages)
-            tpeers = r.target_peer_pages(pages) if side == "full" else {}
-            for p, f in zip(pages, free):
-                rows[f"{side} page {p}"].cells.append(r.page_state(side, p, f, tpeers.get(p)))
-        for st in r.slot_states(slot_keys):
-            rows[f"{st.side} slot {st.slot}"].cells.append(st)
+        try:
+            sampled = []
+            for side in r.sides:
+                pages = [p for s, p in keys if s == side]
+                free = observe.free_mask(r.sub(side), pages)
+                tpeers = r.target_peer_pages(pages) if side == "full" else {}
+                sampled += [(f"{side} page {p}", r.page_state(side, p, f, tpeers.get(p))) for p, f in zip(pages, free)]
+            sampled += [(f"{st.side} slot {st.slot}", st) for st in r.slot_states(slot_keys)]
+        except Exception:
+            if not run.crash:
+                raise
+            break  # the target crashed in this step and cannot be read: the timeline ends before it
+        for key, cell in sampled:
+            rows[key].cells.append(cell)
         if i == result.index - 1:
             result.before = snapshot(run.model, run.alloc, run.config, i, _label(trace, i), hints, slot_keys, run.ls.rows)
         if not went_on:
