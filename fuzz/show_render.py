@@ -204,6 +204,7 @@ svg text { font: 11px ui-monospace, monospace; dominant-baseline: middle; text-a
 svg text.label { text-anchor: end; fill: #666; }
 svg text.fold { text-anchor: start; fill: #666; }
 svg text.head { fill: #666; }
+svg text.peer { font-size: 9px; fill: #333; }
 rect.free, rect.padding, rect.beyond { fill: #f1f1f1; }
 rect.held { fill: #f3c6f0; }
 rect.orphan { fill: #f2d06b; }
@@ -292,10 +293,23 @@ def _snapshot_html(snap: S.Snapshot, heading: str) -> str:
     return "".join(parts)
 
 
+def _peer_text(cell) -> str:
+    """Where a timeline cell's pairs point: ->SWA pages of a full page, <-full pages of an
+    SWA page (slots for slot rows); a few characters, the tooltip has them all."""
+    if isinstance(cell, S.SlotState):
+        peers = (cell.peer,) if cell.peer else ()
+    else:
+        peers = cell.peers
+    if not peers:
+        return ""
+    text = ("\u2192" if cell.side == "full" else "\u2190") + S._ints(peers)
+    return text if len(text) <= 6 else text[:5] + "\u2026"
+
+
 def timeline_svg(shown: S.Shown) -> str:
     rows = shown.timeline
     steps = shown.trace.steps[: shown.index + 1]
-    lw, tw, th = 130, 34, 20
+    lw, tw, th = 130, 40, 30
     width, height = lw + len(steps) * tw + 4, 24 + len(rows) * th + 4
     body = []
     for i, step in enumerate(steps):
@@ -312,7 +326,8 @@ def timeline_svg(shown: S.Shown) -> str:
             body.append(
                 f'<rect class="{" ".join(dict.fromkeys(classes))}" x="{lw + i * tw}" y="{y}" width="{tw - 1}" height="{th - 1}"{fill}>'
                 f"<title>{_e(tip)}</title></rect>"
-                f'<text x="{lw + i * tw + tw / 2:g}" y="{y + th / 2:g}">{_e(cell.symbol)}</text>'
+                f'<text x="{lw + i * tw + tw / 2:g}" y="{y + 10}">{_e(cell.symbol)}</text>'
+                f'<text class="peer" x="{lw + i * tw + tw / 2:g}" y="{y + 22}">{_e(_peer_text(cell))}</text>'
             )
         body.append("</g>")
     return (
@@ -372,7 +387,11 @@ def page(shown: S.Shown) -> str:
     out.append("<h2>Involved pages and slots</h2>")
     out.append(_involved_table(shown))
     if shown.timeline:
-        out.append("<h2>Timeline</h2><p>Each involved page and slot after every step (model state; red border where the target disagrees).</p>")
+        out.append(
+            "<h2>Timeline</h2><p>Each involved page and slot after every step: the model's owner, and under it where "
+            "its pairs point (&#8594; SWA pages of a full page, &#8592; full pages of an SWA page). A red border marks "
+            "where the target disagrees; hover a cell for both sides.</p>"
+        )
         out.append(timeline_svg(shown))
     if t.steps:
         out.append('<h2>Steps</h2><ol class="steps" start="0">')
