@@ -60,7 +60,7 @@ def measure(size: int, ps: int, rounds: int) -> dict:
         hints = {"full": [sorted({s // ps for row in ls.rows.values() for s in row.slots[:64]})]}
         snap = show.snapshot(ls.model, ls.alloc, ls.config, len(t.steps) - 1, "last", hints, (), ls.rows)
         t2 = time.perf_counter()
-        lines = sum(len(show_render.pool_lines(pm, show_render._Paint(False))) for pm in snap.pools)
+        lines = sum(len(show_render.pool_lines(pm)) for pm in snap.pools)
         t3 = time.perf_counter()
         shown = show.show(t, factory, "impl", page=True)
         t4 = time.perf_counter()

@@ -88,11 +88,11 @@ class PageState:
             text += f", {self.live} live slot{'s' * (self.live != 1)}"
         if self.peers:
             other = "SWA" if self.side == "full" else "full"
-            text += f"; {'peers on' if self.side == 'full' else 'paired from'} {other} pages {_ints(self.peers)}"
+            text += f"; {'peers on' if self.side == 'full' else 'paired from'} {other} pages {join_ints(self.peers)}"
         if self.target_free is not None:
             text += f"; target: {'free' if self.target_free else 'not free'}"
         if self.target_peers is not None and self.target_peers != self.peers:
-            text += f", mapping names SWA pages {_ints(self.target_peers) or 'none'}"
+            text += f", mapping names SWA pages {join_ints(self.target_peers) or 'none'}"
         return text
 
 
@@ -209,7 +209,7 @@ def _tensor(ints) -> torch.Tensor:
     return torch.frombuffer(buf, dtype=torch.int64).clone() if buf else torch.zeros(0, dtype=torch.int64)
 
 
-def _ints(values) -> str:
+def join_ints(values) -> str:
     return ",".join(str(v) for v in values)
 
 

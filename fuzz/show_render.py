@@ -89,7 +89,9 @@ def _where(shown: S.Shown) -> str:
     return f"state {at.label}"
 
 
-def pool_lines(pm: S.PoolMap, paint: _Paint) -> list[str]:
+def pool_lines(pm: S.PoolMap, colour: bool = False) -> list[str]:
+    """The map of one pool: a header, a column ruler, rows of cells and folded runs."""
+    paint = _Paint(colour)
     involved = set(pm.involved)
     width = max(6, len(str(pm.extent)) + 1)
     head = (
@@ -166,7 +168,7 @@ def _steps_lines(shown: S.Shown) -> list[str]:
 
 
 def text(shown: S.Shown, colour: bool = False) -> str:
-    paint = _Paint(colour)
+    """The terminal view: the outcome, the map of each pool, the involved pages, the steps."""
     lines = _outcome_lines(shown)
     if shown.at is None:
         lines.append(shown.unreadable or "no map: the target did not build the configuration")
@@ -175,7 +177,7 @@ def text(shown: S.Shown, colour: bool = False) -> str:
     lines += ["", _where(shown)]
     lines += [f"  note: {n}" for n in snap.notes]
     for pm in snap.pools:
-        lines += [""] + pool_lines(pm, paint)
+        lines += [""] + pool_lines(pm, colour)
     if snap.req_slots is not None:
         lines += ["", "request slots (ring mode): " + " ".join(snap.req_slots)]
     lines += ["", LEGEND]
@@ -302,7 +304,7 @@ def _peer_text(cell) -> str:
         peers = cell.peers
     if not peers:
         return ""
-    text = ("\u2192" if cell.side == "full" else "\u2190") + S._ints(peers)
+    text = ("\u2192" if cell.side == "full" else "\u2190") + S.join_ints(peers)
     return text if len(text) <= 6 else text[:5] + "\u2026"
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from fuzz import campaign, show, show_render
 from fuzz import trace as trace_mod
-from properties.steps import Admit, AdmitTail, Decode, DropTail, Evict, Extend, Finish, GroupBegin, Repair
+from properties.steps import Admit, AdmitTail, Decode, DropTail, Evict, Finish, GroupBegin, Repair
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "fuzz" / "corpus"
