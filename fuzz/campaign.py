@@ -241,6 +241,7 @@ class Failure:
     trace: trace_mod.Trace
     path: Path | None
     shrunk: bool
+    page: Path | None = None  # the failure drawn as a page, beside the trace
 
 
 @dataclass
@@ -399,7 +400,14 @@ def _record(result, wid, outcome, message, config, steps, shrunk, target, device
             path = trace_mod.save(t, corpus)
         except OSError as e:
             message += f"\n(could not save the trace into {corpus}: {e})"
-    failure = Failure(wid, outcome, message, t, path, shrunk)
+    page = None
+    if path is not None:
+        from fuzz.show import page_beside
+
+        page, why = page_beside(path, target, device)
+        if why:
+            message += f"\n(could not draw the failure page: {why})"
+    failure = Failure(wid, outcome, message, t, path, shrunk, page)
     result.failures.append(failure)
     if on_failure is not None:
         on_failure(failure)

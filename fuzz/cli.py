@@ -59,6 +59,13 @@ def _int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"--seed must be an integer, got {text!r}") from None
 
 
+def _int_step(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--step must be an integer, got {text!r}") from None
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line naming the bad input, exit 2
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -83,6 +90,14 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("files", nargs="+", help="trace files (.json) or folders of them")
     rp.add_argument("--target", help=f"{targets}; default: the target each trace was made on")
     rp.add_argument("--device", default="cpu", help="torch device (replaces the trace's own)")
+
+    sh = sub.add_parser("show", help="draw a trace's pools at its failing step", description="Replay a trace to its failing step (or --step N) and draw both pools' pages, the pages where model and target differ, and the involved pages' peers.")
+    sh.add_argument("trace", help="a trace file (.json)")
+    sh.add_argument("--target", help=f"{targets}; default: the target the trace was made on")
+    sh.add_argument("--device", default="cpu", help="torch device (replaces the trace's own)")
+    sh.add_argument("--step", type=_int_step, help="show the state after step N (0-based) instead of at the failure")
+    sh.add_argument("--html", help="also write one self-contained page (the maps before and at the step, and a timeline) to this file")
+    sh.add_argument("--color", choices=("auto", "always", "never"), default="auto", help="colour: auto (a terminal without NO_COLOR), always, never")
 
     ls = sub.add_parser("list", help="show the corpus", description="A table of the corpus: name, expected outcome, variant, configuration, steps.")
     ls.add_argument("--corpus", default=str(DEFAULT_CORPUS), help="corpus folder (default fuzz/corpus)")
@@ -161,6 +176,8 @@ def _print_failure(f, target: str, device: str) -> None:
         dev = f" --device {device}" if device != "cpu" else ""
         print(f"  saved: {f.path}")
         print(f"  replay: python -m fuzz replay {f.path} --target {target}{dev}")
+    if f.page is not None:
+        print(f"  page: {f.page} (open it in a browser)")
     sys.stdout.flush()
 
 
@@ -271,6 +288,40 @@ def cmd_replay(args) -> int:
     return EXIT_FAILED if mismatches else EXIT_OK
 
 
+# -------------------------------------------------------------------- show
+def cmd_show(args) -> int:
+    from fuzz import show, show_render
+    from fuzz import trace as trace_mod
+
+    try:
+        t = trace_mod.load(args.trace)
+    except trace_mod.TraceError as e:
+        raise BadInput(str(e)) from None
+    spec = args.target or t.own_target
+    try:
+        factory = check_target(spec)
+    except BadInput as e:
+        if args.target is None:
+            raise BadInput(f"{args.trace}: the trace's own target cannot be resolved ({e}); pass --target") from None
+        raise
+    check_device(args.device)
+    if args.step is not None and not 0 <= args.step < len(t.steps):
+        raise BadInput(f"--step: {args.step} is outside 0..{len(t.steps) - 1} ({args.trace} has {len(t.steps)} steps)")
+    if args.html is not None:
+        folder = Path(args.html).resolve().parent
+        if not folder.is_dir() or not os.access(folder, os.W_OK):
+            raise BadInput(f"--html: cannot write {args.html} (its folder {folder} is not a writable folder)")
+    try:
+        shown = show.show(t, factory, spec, args.device, args.step, page=args.html is not None)
+    except trace_mod.TraceError as e:
+        raise BadInput(str(e)) from None
+    sys.stdout.write(show_render.text(shown, show_render.use_colour(args.color, sys.stdout)))
+    if args.html is not None:
+        trace_mod.write_atomic(args.html, show_render.page(shown))
+        print(f"page: {args.html}")
+    return EXIT_OK if shown.matches else EXIT_FAILED
+
+
 # -------------------------------------------------------------------- list
 def cmd_list(args) -> int:
     from fuzz import trace as trace_mod
@@ -297,7 +348,7 @@ def cmd_list(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        return {"run": cmd_run, "replay": cmd_replay, "list": cmd_list}[args.command](args)
+        return {"run": cmd_run, "replay": cmd_replay, "show": cmd_show, "list": cmd_list}[args.command](args)
     except BadInput as e:
         print(f"python -m fuzz {args.command}: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

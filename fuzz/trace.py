@@ -183,8 +183,15 @@ def load(path: str | os.PathLike) -> Trace:
 
 def dump(trace: Trace, path: str | os.PathLike) -> Path:
     """Write a trace atomically: a temporary file in the same folder, then os.replace."""
+    path = write_atomic(path, json.dumps(trace.to_json(), indent=1) + "\n")
+    trace.path = path
+    return path
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write a text file so that no reader sees half of it: a temporary file in the same
+    folder, then os.replace; an error leaves the old file intact."""
     path = Path(path)
-    text = json.dumps(trace.to_json(), indent=1) + "\n"
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -198,7 +205,6 @@ def dump(trace: Trace, path: str | os.PathLike) -> Path:
         except FileNotFoundError:
             pass
         raise
-    trace.path = path
     return path
 
 

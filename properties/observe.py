@@ -20,13 +20,37 @@ def sizes(alloc) -> dict[str, int]:
     }
 
 
-def free_pages(sub) -> list[int]:
-    """Free and staged pages (slots at page_size 1) of one sub-allocator."""
+def free_page_tensor(sub) -> torch.Tensor:
+    """Free and staged pages (slots at page_size 1) of one sub-allocator, as one int64
+    tensor on its device: for whole-pool comparisons that stay vectorized."""
     parts = [sub.free_pages]
     staged = getattr(sub, "release_pages", None)
     if staged is not None and staged.numel():
         parts.append(staged)
-    return torch.cat([p.reshape(-1).to(torch.int64) for p in parts]).tolist()
+    return torch.cat([p.reshape(-1).to(torch.int64) for p in parts])
+
+
+def free_pages(sub) -> list[int]:
+    """Free and staged pages (slots at page_size 1) of one sub-allocator."""
+    return free_page_tensor(sub).tolist()
+
+
+def free_mask(sub, pages: list[int]) -> list[bool]:
+    """Whether each of `pages` is free or staged in one sub-allocator, without copying
+    the pool's list to the host: a mask over page ids, O(pool) on the device
+    (torch.isin sorts the pool on every call)."""
+    if not pages:
+        return []
+    pool = free_page_tensor(sub)
+    n = max(pages) + 1
+    mask = torch.zeros(n + 1, dtype=torch.bool, device=pool.device)  # index n: "no such page"
+    mask[pool[(pool >= 0) & (pool < n)]] = True
+    return mask[torch.tensor([p if p >= 0 else n for p in pages], dtype=torch.int64, device=pool.device)].tolist()
+
+
+def mapping_tensor(alloc) -> torch.Tensor:
+    """The full-to-SWA mapping itself (sentinel last), for vectorized comparison."""
+    return alloc.full_to_swa_index_mapping
 
 
 def mapping(alloc) -> list[int]:

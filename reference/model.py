@@ -167,6 +167,23 @@ class Model:
             return full_slot
         return self.peer.get(full_slot) or self.stale.get(full_slot, 0)
 
+    def page_owners(self, side: str, page: int) -> list[int]:
+        """The requests with a live slot on `page` of the "full" or "swa" pool, read-only
+        and O(page_size). An SWA slot belongs to the request of the full slot paired
+        into it; a slot no request is known for (an unpaired re-pair, a stranded peer)
+        adds nothing."""
+        ps = self.page_size
+        owners: set[int] = set()
+        for s in range(page * ps, page * ps + ps):
+            if side == "full" or self.pure:
+                r = self.full.owner.get(s)
+            else:
+                f = self.rev.get(s)
+                r = None if f is None else self.full.owner.get(f)
+            if r is not None:
+                owners.add(r)
+        return sorted(owners)
+
     # --------------------------------------------------------- classification
     def classify_alloc(self, n: int) -> Contract | None:
         if n < 0:
