@@ -24,7 +24,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
         "new page: none", "new page: some", "new page: all",
         "order: sorted", "order: unsorted", "short: none", "short: full", "short: swa",
     ),
-    "free": ("pieces: one request", "pieces: several requests", "empty input"),
+    "free": ("pieces: one request", "pieces: several requests", "pieces: interleaved", "empty input"),
     "free_swa": ("pieces: one request", "pieces: several requests", "empty input"),
     "free_full": ("pieces: one request", "pieces: several requests", "empty input"),
     "free_segment": ("pieces: one request", "empty input"),

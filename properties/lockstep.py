@@ -595,13 +595,22 @@ class Lockstep:
         """The row of a live request or of a cached entry."""
         return self.rows[rid] if rid in self.rows else self.cache[rid]
 
-    def _free_pieces(self, call: str, pieces: list[tuple[int, int, int]], start_pos: int | None = None) -> bool:
+    def _free_pieces(self, call: str, pieces: list[tuple[int, int, int]], start_pos: int | None = None, interleave: bool = False) -> bool:
         """One free-like call over positions lo..hi-1 of each (rid, lo, hi) piece,
-        concatenated in order (as a cache eviction or a retracted batch passes them).
-        True when it ran."""
+        concatenated in order (as a cache eviction or a retracted batch passes them),
+        or round-robin across the pieces with `interleave`. True when it ran."""
         m, a = self.model, self.alloc
         held = [(rid, lo, self._holder(rid).slots[lo:hi]) for rid, lo, hi in pieces]
         slots = [s for _, _, piece in held for s in piece]
+        order = None
+        if interleave and len(held) > 1:
+            # Position j of piece i sits at order[k]: the pieces' slots dealt in turn.
+            starts = [0]
+            for _, _, piece in held:
+                starts.append(starts[-1] + len(piece))
+            longest = max(len(piece) for _, _, piece in held)
+            order = [starts[i] + j for j in range(longest) for i, (_, _, piece) in enumerate(held) if j < len(piece)]
+            slots = [slots[k] for k in order]
         contract = m.classify_free(call, slots, start_pos, held[0][0] if len(held) == 1 else None)
         if contract is None and len(held) > 1:
             for rid, _, piece in held:  # each piece must be its own request's
@@ -611,8 +620,12 @@ class Lockstep:
                 self._check_tags(rid, lo, piece, swa_too=call != "free_full")
         views = [self._holder(rid).view(lo, lo + len(piece)) for rid, lo, piece in held]
         idx = views[0] if len(views) == 1 else torch.cat(views)
+        if order is not None:
+            idx = idx[self._t(order)]
         requests = len({rid for rid, _, _ in held})
         self._cover(call, "pieces: " + ("one request" if requests == 1 else "several requests"))
+        if order is not None:
+            self._cover(call, "pieces: interleaved")
         if start_pos is None:
             fn = lambda: getattr(a, call)(idx)
         else:
@@ -964,7 +977,7 @@ class Lockstep:
             pieces.append((rid, lo, hi))
         if len({rid for rid, _, _ in pieces}) != len(pieces):
             raise StepFormatError("pieces", "an entry twice")
-        if not self._free_pieces(step.call, pieces):
+        if not self._free_pieces(step.call, pieces, interleave=step.interleave):
             return
         self.labels[f"cache evicted by {step.call}" + (" over several entries" if len(pieces) > 1 else "")] += 1
         if step.call == "free_swa":

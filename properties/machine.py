@@ -452,7 +452,8 @@ class LockstepMachine(RuleBasedStateMachine):
                 cut = data.draw(st.integers(lo // step, (hi - 1) // step), label="from page") * step
                 lo = max(lo, cut)
             pieces.append((r, lo, hi))
-        self._go(CacheFree(call, tuple(pieces)))
+        interleave = len(pieces) > 1 and data.draw(st.booleans(), label="interleave")
+        self._go(CacheFree(call, tuple(pieces), interleave))
 
     @precondition(lambda self: self.ls is not None)
     @rule(data=st.data())

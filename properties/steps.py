@@ -139,11 +139,14 @@ class Resume(Step):
 @dataclass(frozen=True)
 class CacheFree(Step):
     """A cache eviction: one `call` (free, free_swa or free_full) over the positions
-    lo..hi-1 of several cached entries, concatenated in the order given."""
+    lo..hi-1 of several cached entries, concatenated in the order given; with
+    `interleave`, taken round-robin one position from each piece in turn (a
+    token-major layout, so a page recurs with other pages between)."""
 
     op: ClassVar[str] = "cache_free"
     call: str
     pieces: tuple[tuple[int, int, int], ...]
+    interleave: bool = False
 
 
 @dataclass(frozen=True)
@@ -283,6 +286,10 @@ def step_from_json(data: Any) -> Step:
             if not isinstance(v, list) or not v or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
                 raise StepFormatError(f.name, f"must be a non-empty list of integers, got {v!r}")
             kwargs[f.name] = tuple(v)
+        elif f.name == "interleave":
+            if not isinstance(data[f.name], bool):
+                raise StepFormatError(f.name, f"must be true or false, got {data[f.name]!r}")
+            kwargs[f.name] = data[f.name]
         elif f.name in ("how", "kind", "call"):
             v = data[f.name]
             allowed = {"how": FINISH_HOWS, "kind": BREAKS, "call": EMPTY_CALLS if cls is Empty else CACHE_CALLS}[f.name]

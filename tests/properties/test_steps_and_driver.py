@@ -16,7 +16,7 @@ EXAMPLES = [
     Evict(0, 0, 4), Repair(0, 0, 4, 1), Finish(0, "split"), DropTail(1, 2), GroupBegin(),
     GroupEnd(), MergeSort(), Clear(), Resize(8, 8), Break("double_free"), Break("partial_page", 3),
     Prefill(((3, NEW, 0, 9), (0, 0, 5, 2), (4, 7, 4, 1))), Retract((0, 1)), Resume((1, 0)),
-    CacheFree("free_swa", ((7, 0, 4), (8, 2, 3))), Empty("free_segment"),
+    CacheFree("free_swa", ((7, 0, 4), (8, 2, 3))), CacheFree("free", ((7, 0, 4), (8, 2, 3)), True), Empty("free_segment"),
 ]
 
 
@@ -45,6 +45,7 @@ def test_step_json_round_trip_and_repr_is_python(step):
         ({"op": "cache_free", "call": "free_segment", "pieces": [[0, 0, 1]]}, "call"),
         ({"op": "cache_free", "call": "free", "pieces": [[0, 0, True]]}, "pieces"),
         ({"op": "empty", "call": "resize"}, "call"),
+        ({"op": "cache_free", "call": "free", "pieces": [[0, 0, 1]], "interleave": 1}, "interleave"),
         ([1, 2], "op"),
     ],
 )

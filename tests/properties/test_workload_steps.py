@@ -68,7 +68,7 @@ SCENARIOS = {
         Finish(1, "cache"),
         CacheFree("free_swa", ((1, 0, 4), (0, 2, 4))),
         CacheFree("free_full", ((0, 2, 4),)),  # its last page has no SWA KV left
-        CacheFree("free", ((1, 4, 6), (0, 0, 2))),
+        CacheFree("free", ((1, 4, 6), (0, 0, 2)), True),
     ], {
         "prefill: new request": 2,
         "finished into the cache": 2,
