@@ -35,7 +35,7 @@ settings.register_profile(
 # without shrinking (a mutant is killed by any failure) and without a database.
 settings.register_profile(
     "mutation",
-    max_examples=int(os.environ.get("SWA_LOCKSTEP_MUTATION_EXAMPLES", "200")),
+    max_examples=int(os.environ.get("SWA_LOCKSTEP_MUTATION_EXAMPLES", "100")),
     derandomize=True,
     database=None,
     phases=(Phase.explicit, Phase.generate),
