@@ -123,7 +123,8 @@ class _Row:
     def append(self, chunk: torch.Tensor) -> None:
         n, have = len(self.slots), 0 if self.buf is None else self.buf.numel()
         if n > have:
-            grown = torch.zeros(max(2 * have, n, 8), dtype=torch.int64, device=chunk.device)
+            # int32, as sglang's req_to_token: the frees get int32 views of it.
+            grown = torch.zeros(max(2 * have, n, 8), dtype=torch.int32, device=chunk.device)
             if have:
                 grown[:have] = self.buf
             self.buf = grown
@@ -219,6 +220,10 @@ class Lockstep:
             raise failure_class(violations[0].invariant)(
                 violations[0].invariant, self.index, self.step, [str(v) for v in violations], self.config, list(self.trace)
             )
+
+    def _last_loc(self, last: list[int]) -> torch.Tensor:
+        """last_loc as a scheduler reads it out of req_to_token: int32."""
+        return torch.tensor(last, dtype=torch.int32, device=self.device)
 
     def _t(self, values, cpu: bool = False) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int64, device="cpu" if cpu else self.device)
@@ -429,10 +434,10 @@ class Lockstep:
             else:
                 self._cover(call, f"batch {bucket(len(batch))}", self._prefix_kinds(batch), f"short: {short}")
             if what == "decode":
-                fn = lambda: a.alloc_decode(self._t(seq), self._t(seq, True), self._t(last))
+                fn = lambda: a.alloc_decode(self._t(seq), self._t(seq, True), self._last_loc(last))
             else:
                 fn = lambda: a.alloc_extend(
-                    self._t(prefix), self._t(prefix, True), self._t(seq), self._t(seq, True), self._t(last), sum(seq) - sum(prefix)
+                    self._t(prefix), self._t(prefix, True), self._t(seq), self._t(seq, True), self._last_loc(last), sum(seq) - sum(prefix)
                 )
             ran, res = self._invoke(what, fn, contract)
             if not ran:

@@ -72,10 +72,12 @@ def configs(draw, device: str = "cpu", fixed: dict | None = None) -> dict:
     if kind == "pure_swa":
         swa_pages = pages
     ring = kind == "hybrid" and ps > 1 and draw(st.integers(0, 4)) == 0
+    # A pool size need not be whole pages: the part past the last page is unused.
+    spare = draw(st.integers(0, ps - 1)) if ps > 1 and draw(st.integers(0, 3)) == 0 else 0
     drawn = {
         "kind": kind,
-        "size": pages * ps,
-        "size_swa": swa_pages * ps,
+        "size": pages * ps + spare,
+        "size_swa": swa_pages * ps + spare,
         "page_size": ps,
         "device": device,
         "need_sort": draw(st.booleans()),
