@@ -141,7 +141,11 @@ BREAKS = (
     "paged_on_token",  # alloc_extend at page_size 1
     "alloc_on_paged",  # alloc(n) on a paged hybrid allocator
     "resize_grow",  # resize above the built size
+    "page_ids_twice",  # free_page_ids naming a request's last page twice
+    "page_ids_padding",  # free_page_ids of page 0
+    "page_ids_free",  # free_page_ids of a page that is free
 )
+PAGE_ID_BREAKS = ("page_ids_twice", "page_ids_padding", "page_ids_free")
 
 
 @dataclass(frozen=True)
@@ -153,11 +157,33 @@ class Break(Step):
     rid: int = -1
 
 
+@dataclass(frozen=True)
+class EvictSegment(Step):
+    """Window eviction by segment (sglang 0.5.23): free_swa_segment of positions
+    lo..hi-1, start_pos lo; free_swa of them where the target has no free_swa_segment."""
+
+    op: ClassVar[str] = "evict_segment"
+    rid: int
+    lo: int
+    hi: int
+
+
+@dataclass(frozen=True)
+class FreePages(Step):
+    """A cache-style free by page id: the full pages under positions start.. of a
+    request go back through full_attn_allocator.free_page_ids (free of their slots
+    where it has none); the request keeps positions 0..start-1, or is finished at 0."""
+
+    op: ClassVar[str] = "free_pages"
+    rid: int
+    start: int
+
+
 STEP_TYPES: dict[str, type[Step]] = {
     cls.op: cls
     for cls in (
         Admit, AdmitTail, Extend, Decode, Evict, Repair, Finish, DropTail,
-        GroupBegin, GroupEnd, MergeSort, Clear, Resize, Break,
+        GroupBegin, GroupEnd, MergeSort, Clear, Resize, Break, EvictSegment, FreePages,
     )
 }
 

@@ -4,8 +4,8 @@ import pytest
 
 from properties.lockstep import Lockstep, LockstepFailure, check_config, replay
 from properties.steps import (
-    STEP_TYPES, Admit, AdmitTail, Break, Clear, Decode, DropTail, Evict, Extend, Finish,
-    GroupBegin, GroupEnd, MergeSort, Repair, Resize, StepFormatError, step_from_json,
+    STEP_TYPES, Admit, AdmitTail, Break, Clear, Decode, DropTail, Evict, EvictSegment, Extend, Finish,
+    FreePages, GroupBegin, GroupEnd, MergeSort, Repair, Resize, StepFormatError, step_from_json,
 )
 from properties.targets import TargetError, resolve
 from properties import steps as steps_module
@@ -14,6 +14,7 @@ EXAMPLES = [
     Admit(((0, 5), (1, 3))), AdmitTail(2, 7, 3), Extend(((0, 2),)), Decode((0, 1)),
     Evict(0, 0, 4), Repair(0, 0, 4, 1), Finish(0, "split"), DropTail(1, 2), GroupBegin(),
     GroupEnd(), MergeSort(), Clear(), Resize(8, 8), Break("double_free"), Break("partial_page", 3),
+    EvictSegment(0, 4, 9), FreePages(1, 0), Break("page_ids_twice", 1),
 ]
 
 
