@@ -232,6 +232,21 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
         _check_page_aligned(start_pos, self.page_size)
         self.free(free_index)
 
+    def free_full_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        """``free_full`` for one request's positions start_pos.. (alignment as free_segment)."""
+        _check_page_aligned(start_pos, self.page_size)
+        self.free_full(free_index)
+
+    def free_full_segments(self, segments) -> None:
+        """``free_segments`` for the full side alone; the list is checked first."""
+        for free_index, start_pos in self._check_segments(segments):
+            if free_index.numel():
+                self.free_full_segment(free_index, start_pos=start_pos)
+
+    def translate_kv_indices_for_transfer(self, kv_indices: torch.Tensor) -> torch.Tensor:
+        """Slot ids as a KV transfer addresses them: the ids themselves here."""
+        return kv_indices
+
     def _check_segments(self, segments) -> list:
         segments = list(segments)
         ps = self.page_size

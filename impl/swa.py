@@ -240,6 +240,10 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     def translate_loc_from_full_to_swa(self, kv_indices: torch.Tensor) -> torch.Tensor:
         return self._kvcache.translate_loc_from_full_to_swa(kv_indices)
 
+    def translate_swa_indices_for_transfer(self, kv_indices: torch.Tensor) -> torch.Tensor:
+        """Full slot ids to the SWA slots a KV transfer moves for them."""
+        return self.translate_loc_from_full_to_swa(kv_indices)
+
     def set_full_to_swa_mapping(self, full_indices: torch.Tensor, swa_indices: torch.Tensor) -> None:
         if full_indices.numel() == 0:
             return

@@ -460,3 +460,21 @@ def test_is_not_in_free_group_on_the_hybrid():
     assert not a.is_not_in_free_group and a.free_pages is None and a.release_pages is None
     a.free_group_end()
     assert a.is_not_in_free_group
+
+
+def test_free_full_segments_and_transfer_translation():
+    a = hybrid(size=32, size_swa=32, page_size=4)
+    full = extend(a, [0], [10], [-1])
+    a.free_swa(full)
+    with pytest.raises(ValueError, match="not after"):
+        a.free_full_segments([(full[4:8], 4), (full[4:6], 4)])
+    assert a.full_available_size() == 20  # a bad list frees nothing
+    a.free_full_segments([(full[:4], 0), (full[4:10], 4)])
+    assert a.full_available_size() == 32
+    p = paged()
+    x = p.alloc(8)
+    p.free_full_segments([(x[:4], 0), (x[4:], 4)])
+    assert p.available_size() == 32 and p.translate_kv_indices_for_transfer(x) is x
+    b = hybrid(size=16, size_swa=16, page_size=1)
+    y = b.alloc(3)
+    assert b.translate_swa_indices_for_transfer(y).tolist() == b.full_to_swa_index_mapping[y].tolist()
