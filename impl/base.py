@@ -288,10 +288,16 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
 
     # ------------------------------------------------------------ cpu copies
 
-    def get_cpu_copy(self, indices, mamba_indices=None):
+    def get_cpu_copy(self, indices, mamba_indices=None, req_pool_index=None):
+        raise NotImplementedError("get_cpu_copy needs an allocator with a KV pool")
+
+    def load_cpu_copy(self, kv_cache_cpu, indices, mamba_indices=None, req_pool_index=None):
+        raise NotImplementedError("load_cpu_copy needs an allocator with a KV pool")
+
+    def _kv_get_cpu_copy(self, indices):
         return self._kvcache.get_cpu_copy(indices)
 
-    def load_cpu_copy(self, kv_cache_cpu, indices, mamba_indices=None):
+    def _kv_load_cpu_copy(self, kv_cache_cpu, indices):
         return self._kvcache.load_cpu_copy(kv_cache_cpu, indices)
 
     # ------------------------------------------------------------ lifecycle

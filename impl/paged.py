@@ -375,3 +375,9 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         self.free_group, self.free_page_ids_group = None, []
         if pages is not None:
             self._stage(pages)
+
+    def get_cpu_copy(self, indices, mamba_indices=None, req_pool_index=None):
+        return self._kv_get_cpu_copy(indices)
+
+    def load_cpu_copy(self, kv_cache_cpu, indices, mamba_indices=None, req_pool_index=None):
+        return self._kv_load_cpu_copy(kv_cache_cpu, indices)

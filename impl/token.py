@@ -47,3 +47,9 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         like any free.
         """
         self.free(page_ids)
+
+    def get_cpu_copy(self, indices, mamba_indices=None, req_pool_index=None):
+        return self._kv_get_cpu_copy(indices)
+
+    def load_cpu_copy(self, kv_cache_cpu, indices, mamba_indices=None, req_pool_index=None):
+        return self._kv_load_cpu_copy(kv_cache_cpu, indices)

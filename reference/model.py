@@ -325,7 +325,7 @@ class Model:
         slots on them) are every live slot on those pages, and none has an SWA peer:
         the call does not look at the mapping."""
         ps = self.page_size
-        debug = ps > 1 and not self.group_open
+        debug = ps > 1 and not self.group_open  # page size 1 (pure included) has no checks
         if len(set(pages)) != len(pages):
             return Contract("page_ids.twice", names.UNNOTICED, f"free_page_ids names a page twice: {pages[:6]}", debug)
         if 0 in pages:
@@ -754,7 +754,14 @@ class Model:
         return []
 
     def free_page_ids(self, slots: list[int]) -> list[Violation]:
-        """Adopt a legal free_page_ids: `slots`, every live slot on the freed pages."""
+        """Adopt a legal free_page_ids on the full sub-allocator: `slots`, every live
+        slot on the freed pages. The hybrid's group is also its full sub-allocator's;
+        the pure SWA allocator's group is its own, so the sub-allocator frees at once."""
+        if self.pure and self.group_open:
+            for s in slots:
+                self.full.drop_live(s)
+            self.full.free.update(s // self.page_size for s in slots)
+            return []
         self._free_full_slots(slots)
         return []
 
