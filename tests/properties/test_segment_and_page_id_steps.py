@@ -61,6 +61,14 @@ def test_pure_swa_and_ring_take_the_new_steps():
     assert ls.labels["freed by page id"] == 2 and not ls.rows
 
 
+def test_pure_swa_page_id_free_inside_a_group_is_not_held():
+    # The pure SWA allocator's group is its own; its one sub-allocator has none
+    # open, so a page-id free straight to it releases at once (as in sglang).
+    ls = run(Admit(((0, 6),)), GroupBegin(), FreePages(0, 2), Admit(((1, 12),)), GroupEnd(), Finish(1, "free"),
+             kind="pure_swa", page_size=1, size=16, size_swa=16)
+    assert ls.labels["freed by page id"] == 1 and ls.labels["finished by free"] == 1
+
+
 # ------------------------------------------------------------ contract breaks
 
 
