@@ -92,7 +92,9 @@ def failure_class(invariant: str) -> type[LockstepFailure]:
 
 def check_config(config: dict) -> dict:
     """A complete, validated configuration (SPEC 4.3); ValueError names a bad key."""
-    cfg = {"device": "cpu", "need_sort": False, "ring_size": None, "req_slots": None, "check_level": "strict", "debug_memory_pool": False}
+    # debug_memory_pool gets no default here: a target is handed the key only when
+    # a configuration sets it (absent means off), so factories that predate it work.
+    cfg = {"device": "cpu", "need_sort": False, "ring_size": None, "req_slots": None, "check_level": "strict"}
     cfg.update(config)
     unknown = set(cfg) - set(CONFIG_KEYS) - {"backend"}
     if unknown:
@@ -105,7 +107,7 @@ def check_config(config: dict) -> dict:
             raise ValueError(f"config key {key!r} must be a non-negative integer (page_size >= 1), got {v!r}")
     if cfg["check_level"] not in LEVELS:
         raise ValueError(f"config key 'check_level' must be one of {', '.join(LEVELS)}, got {cfg['check_level']!r}")
-    if not isinstance(cfg["debug_memory_pool"], bool):
+    if not isinstance(cfg.get("debug_memory_pool", False), bool):
         raise ValueError(f"config key 'debug_memory_pool' must be true or false, got {cfg['debug_memory_pool']!r}")
     if cfg["ring_size"] is not None and not isinstance(cfg["req_slots"], int):
         raise ValueError("config key 'req_slots' must be an integer when 'ring_size' is set")
@@ -183,7 +185,7 @@ class Lockstep:
         self.model = Model(c["kind"], c["size"], c["size_swa"], c["page_size"], c["need_sort"], c["ring_size"], c["req_slots"])
         self.ps = c["page_size"]
         self.level = c["check_level"]
-        self.debug = c["debug_memory_pool"]
+        self.debug = c.get("debug_memory_pool", False)
         self.device = self.alloc.full_to_swa_index_mapping.device
         self.tags = observe.Tags(self.alloc)
         self.ghosts: dict[int, list[int]] = {}
