@@ -493,10 +493,7 @@ class _SegmentDropsPartialPage(PagedTokenToKVPoolAllocator):
             return super().free_segment(free_index, start_pos=start_pos)
         _check_page_aligned(start_pos, ps)
         reps = free_index[ps - 1 :: ps]
-        if self.free_group is not None:
-            self.free_page_reps_group.append(self._copy_for_free_group(reps))
-            return
-        self._stage(reps.to(torch.int64) // ps)
+        self.free_page_ids(reps.to(torch.int64) // ps)
 
 
 class _ExtendPagesNotOffset(PagedTokenToKVPoolAllocator):

@@ -23,6 +23,9 @@ _DEFAULTS: dict[str, Any] = {
     "req_slots": None,
     "check_level": None,  # None: leave the current level alone
     "backend": "auto",
+    # sglang's SGLANG_DEBUG_MEMORY_POOL checks (impl.debug); the config decides,
+    # not the environment, so that one configuration always means one behaviour.
+    "debug_memory_pool": False,
 }
 KEYS = _REQUIRED + tuple(_DEFAULTS)
 
@@ -57,8 +60,9 @@ def _validate(config: dict) -> dict:
     if cfg["size_swa"] is None:
         cfg["size_swa"] = cfg["size"]
     _int(cfg, "size_swa", 1)
-    if not isinstance(cfg["need_sort"], bool):
-        raise _bad("need_sort", cfg["need_sort"], "a bool")
+    for key in ("need_sort", "debug_memory_pool"):
+        if not isinstance(cfg[key], bool):
+            raise _bad(key, cfg[key], "a bool")
     if cfg["ring_size"] is not None:
         _int(cfg, "ring_size", 1)
         if cfg["req_slots"] is None:
@@ -108,6 +112,13 @@ def make_allocator(config: dict):
     if cfg["check_level"] is not None:
         invariants.set_level(cfg["check_level"])
 
+    allocator = _build(cfg)
+    allocator.debug_mode = cfg["debug_memory_pool"]
+    return allocator
+
+
+def _build(cfg: dict):
+    kind, page_size, device = cfg["kind"], cfg["page_size"], cfg["device"]
     dtype = torch.int64
     if kind == "pure_swa":
         size = cfg["size_swa"]

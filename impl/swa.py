@@ -93,7 +93,6 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         self.device = device
         self.page_size = page_size
         self.need_sort = need_sort
-        self.debug_mode = False
         self._backend = get_backend(backend, device)
 
         full_kv_pool = getattr(kvcache, "full_kv_pool", None)
@@ -136,6 +135,8 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         self._staged, self._num_staged = [], 0
         self.free_group = None
         self.swa_free_group: list[torch.Tensor] = []
+        # SWA page ids free_swa_segment resolved inside an open group.
+        self.swa_page_ids_group: list[torch.Tensor] = []
         self._kvcache = kvcache
 
         self._swa_req_ring = ring_size is not None
@@ -158,6 +159,19 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
         self.clear()
         self._kvcache.register_mapping(self.full_to_swa_index_mapping)
+
+    # ------------------------------------------------------------ debug
+
+    @property
+    def debug_mode(self) -> bool:
+        """The sub-allocators hold the debug switch, as in sglang, where the
+        hybrid reads ``swa_attn_allocator.debug_mode``; setting it here sets both."""
+        return self.swa_attn_allocator.debug_mode
+
+    @debug_mode.setter
+    def debug_mode(self, value: bool) -> None:
+        self.full_attn_allocator.debug_mode = bool(value)
+        self.swa_attn_allocator.debug_mode = bool(value)
 
     # ------------------------------------------------------------ ring
 
@@ -225,6 +239,10 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
     def translate_loc_from_full_to_swa(self, kv_indices: torch.Tensor) -> torch.Tensor:
         return self._kvcache.translate_loc_from_full_to_swa(kv_indices)
+
+    def translate_swa_indices_for_transfer(self, kv_indices: torch.Tensor) -> torch.Tensor:
+        """Full slot ids to the SWA slots a KV transfer moves for them."""
+        return self.translate_loc_from_full_to_swa(kv_indices)
 
     def set_full_to_swa_mapping(self, full_indices: torch.Tensor, swa_indices: torch.Tensor) -> None:
         if full_indices.numel() == 0:
@@ -477,6 +495,53 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             return
         self._release_swa(swa)
 
+    def free_swa_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        """``free_swa`` for positions start_pos.. of one request (sglang 0.5.23).
+
+        One representative per page, ``free_index[::page_size]``: each one's
+        peer page is released whole, and the mapping of the representative's
+        whole full page is cleared. That needs no unique and no mask, so the
+        shapes are known in advance. The caller's side: start_pos is
+        page-aligned; every representative has a peer (``swa.peer_mapped``
+        otherwise); the full and SWA pages are paired in step, i.e. each full
+        page's peers lie on its representative's peer page and that SWA page
+        pairs with no other full page (debug mode checks the first half).
+        Inside a free group the SWA pages are resolved now and held. A no-op
+        in ring mode, whose SWA side is not paged.
+        """
+        _check_page_aligned(start_pos, self.page_size)
+        if self._swa_req_ring or free_index.numel() == 0:
+            return
+        ps = self.page_size
+        reps = free_index[::ps].to(torch.int64)
+        swa = self.full_to_swa_index_mapping[reps]
+        expect(SWA_PEER_MAPPED, swa > 0, msg="page representative has no SWA peer; the caller wants free_full")
+        if ps == 1:
+            where, swa_pages = reps, swa
+        else:
+            where = self._expand_to_full_pages(reps)
+            swa_pages = swa // ps
+            if self.swa_attn_allocator.debug_mode:
+                self._debug_check_segment_pages(where, swa_pages)
+        self.clear_full_to_swa_mapping(where)
+        if self.free_group is not None:
+            self.swa_page_ids_group.append(swa_pages)
+            return
+        self.swa_attn_allocator.free_page_ids(swa_pages)
+
+    def _debug_check_segment_pages(self, where: torch.Tensor, swa_pages: torch.Tensor) -> None:
+        """The representatives' SWA pages are exactly the pages the segment's
+        full pages map into, each once (sglang's check; a dead representative
+        gives page 0 and fails it)."""
+        ref = self.full_to_swa_index_mapping[where].cpu()
+        got = torch.sort(swa_pages.cpu()).values
+        want = torch.unique(ref[ref > 0] // self.page_size)
+        assert torch.equal(got, want), (
+            f"free_swa_segment: representatives' SWA pages {got.tolist()[:8]} differ from "
+            f"the pages the segment's full pages map into {want.tolist()[:8]} (a "
+            "representative with no peer, or full and SWA pages not paired in step)"
+        )
+
     def _release_swa(self, swa_indices: torch.Tensor) -> None:
         ps = self.page_size
         if ps > 1:
@@ -533,12 +598,16 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     def free_group_begin(self) -> None:
         super().free_group_begin()
         self.swa_free_group = []
+        self.swa_page_ids_group = []
         # Full-side frees are held by full_attn_allocator's own group; this
         # object keeps only the SWA ids it resolved at enqueue.
         self.full_attn_allocator.free_group_begin()
 
     def free_group_end(self) -> None:
         self.free_group = None
+        pages, self.swa_page_ids_group = self.swa_page_ids_group, []
+        if pages:
+            self.swa_attn_allocator.free_page_ids(torch.cat(pages))
         held, self.swa_free_group = self.swa_free_group, []
         if held:
             self._release_swa(torch.cat(held))
@@ -606,6 +675,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             self._swa_to_full.fill_(0)
         self.free_group = None
         self.swa_free_group = []
+        self.swa_page_ids_group = []
 
     def get_cpu_copy(self, indices, mamba_indices=None, req_pool_index=None):
         return self._kvcache.get_cpu_copy(
@@ -644,7 +714,6 @@ class PureSWATokenToKVPoolAllocator(SWATokenToKVPoolAllocator):
         self.dtype = dtype
         self.device = device
         self.need_sort = need_sort
-        self.debug_mode = False
         self._backend = get_backend(backend, device)
         self._size_full = self._size_swa = size_swa
 
@@ -717,6 +786,10 @@ class PureSWATokenToKVPoolAllocator(SWATokenToKVPoolAllocator):
 
     def free_swa(self, free_index: torch.Tensor) -> None:
         self.free(free_index)
+
+    def free_swa_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        # page_size 1: every start is aligned and each slot is its own page.
+        self.free_swa(free_index)
 
     def free_full(self, free_index: torch.Tensor) -> None:
         # Every layer reads the SWA pool, so there is no separate full slot to

@@ -17,8 +17,9 @@ import torch
 
 from properties import observe
 from properties.steps import (
-    NEW, Admit, AdmitTail, Break, CacheFree, Clear, Decode, DropTail, Empty, Evict, Extend, Finish,
-    GroupBegin, GroupEnd, MergeSort, Prefill, Repair, Resize, Resume, Retract, Step, StepFormatError,
+    NEW, PAGE_ID_BREAKS, Admit, AdmitTail, Break, CacheFree, Clear, Decode, DropTail, Empty, Evict,
+    EvictSegment, Extend, Finish, FreePages, GroupBegin, GroupEnd, MergeSort, Prefill, Repair, Resize,
+    Resume, Retract, Step, StepFormatError,
 )
 from reference import Contract, Model, Violation, layout, names
 
@@ -41,7 +42,10 @@ def runs_of(slots: list[int], pred) -> list[tuple[int, int]]:
     return out
 
 
-CONFIG_KEYS = ("kind", "size", "size_swa", "page_size", "device", "need_sort", "ring_size", "req_slots", "check_level")
+CONFIG_KEYS = (
+    "kind", "size", "size_swa", "page_size", "device", "need_sort", "ring_size", "req_slots", "check_level",
+    "debug_memory_pool",
+)
 LEVELS = ("off", "warn", "strict")
 
 
@@ -89,6 +93,8 @@ def failure_class(invariant: str) -> type[LockstepFailure]:
 
 def check_config(config: dict) -> dict:
     """A complete, validated configuration (SPEC 4.3); ValueError names a bad key."""
+    # debug_memory_pool gets no default here: a target is handed the key only when
+    # a configuration sets it (absent means off), so factories that predate it work.
     cfg = {"device": "cpu", "need_sort": False, "ring_size": None, "req_slots": None, "check_level": "strict"}
     cfg.update(config)
     unknown = set(cfg) - set(CONFIG_KEYS) - {"backend"}
@@ -102,6 +108,8 @@ def check_config(config: dict) -> dict:
             raise ValueError(f"config key {key!r} must be a non-negative integer (page_size >= 1), got {v!r}")
     if cfg["check_level"] not in LEVELS:
         raise ValueError(f"config key 'check_level' must be one of {', '.join(LEVELS)}, got {cfg['check_level']!r}")
+    if not isinstance(cfg.get("debug_memory_pool", False), bool):
+        raise ValueError(f"config key 'debug_memory_pool' must be true or false, got {cfg['debug_memory_pool']!r}")
     if cfg["ring_size"] is not None and not isinstance(cfg["req_slots"], int):
         raise ValueError("config key 'req_slots' must be an integer when 'ring_size' is set")
     return cfg
@@ -163,9 +171,13 @@ class _Reaction:
     contract: Contract | None = None
 
 
-def _expected(contract: Contract | None, level: str) -> _Reaction:
+def _expected(contract: Contract | None, level: str, debug: bool = False) -> _Reaction:
     if contract is None:
         return _Reaction("run")
+    if debug and contract.debug_refuses and not (contract.reaction in names.GUARDS and level != "off"):
+        # sglang's debug mode asserts before anything changes (a guard that is on
+        # still speaks first).
+        return _Reaction("raise", contract)
     if contract.reaction == names.ERROR:
         return _Reaction("raise", contract)
     if contract.reaction == names.UNNOTICED:
@@ -202,6 +214,7 @@ class Lockstep:
         self.model = Model(c["kind"], c["size"], c["size_swa"], c["page_size"], c["need_sort"], c["ring_size"], c["req_slots"])
         self.ps = c["page_size"]
         self.level = c["check_level"]
+        self.debug = c.get("debug_memory_pool", False)
         self.device = self.alloc.full_to_swa_index_mapping.device
         self.tags = observe.Tags(self.alloc)
         self.ghosts: dict[int, list[int]] = {}
@@ -244,7 +257,7 @@ class Lockstep:
 
     def _invoke(self, what: str, fn, contract: Contract | None):
         """Run one call as its contract and the level require; returns (ran, result)."""
-        reaction = _expected(contract, self.level)
+        reaction = _expected(contract, self.level, self.debug)
         if reaction.kind == "skip":
             self.labels[f"contract broken: {contract.name}"] += 1
             return False, None
@@ -616,7 +629,10 @@ class Lockstep:
             longest = max(len(piece) for _, _, piece in held)
             order = [starts[i] + j for j in range(longest) for i, (_, _, piece) in enumerate(held) if j < len(piece)]
             slots = [slots[k] for k in order]
-        contract = m.classify_free(call, slots, start_pos, held[0][0] if len(held) == 1 else None)
+        if call == "free_swa_segment":
+            contract = m.classify_free_swa_segment(slots, start_pos, held[0][0])
+        else:
+            contract = m.classify_free(call, slots, start_pos, held[0][0] if len(held) == 1 else None)
         if contract is None and len(held) > 1:
             for rid, _, piece in held:  # each piece must be its own request's
                 contract = contract or m.classify_free(call, piece, start_pos, rid)
@@ -1066,6 +1082,9 @@ class Lockstep:
     def _break(self, step: Break) -> None:
         """A deliberate contract break; the model must classify it, the target react as owed."""
         m, a, ps, kind = self.model, self.alloc, self.ps, step.kind
+        if kind in PAGE_ID_BREAKS:
+            self._break_page_ids(step)
+            return
         if kind in ("nested_group", "tail_batch", "tail_long", "paged_on_token", "alloc_on_paged", "resize_grow", "never_allocated", "double_free"):
             row = None
         else:
@@ -1129,6 +1148,84 @@ class Lockstep:
             raise StepFormatError("kind", f"{kind} keeps the contract in this state (the model sees no break)")
         self.labels[f"contract break: {kind}"] += 1
         self._invoke(f"{what} ({kind})", fn, contract)
+
+
+    # ------------------------------------------------ sglang 0.5.23's segment and page-id frees
+    def _evict_segment(self, step: EvictSegment) -> None:
+        """free_swa_segment of positions lo..hi-1; free_swa where the target has none."""
+        row = self._row(step.rid)
+        if not row.shared <= step.lo < step.hi <= len(row.slots):
+            raise StepFormatError("hi", f"positions {step.lo}..{step.hi - 1} outside request {step.rid}'s own {row.shared}..{len(row.slots) - 1}")
+        if hasattr(self.alloc, "free_swa_segment"):
+            ran = self._free_call("free_swa_segment", step.rid, step.lo, step.hi, start_pos=step.lo)
+        else:
+            ran = self._free_call("free_swa", step.rid, step.lo, step.hi)
+        if ran:
+            self.labels["window evicted by segment"] += 1
+            if self.pure:
+                row.slots[step.lo : step.hi] = [RELEASED] * (step.hi - step.lo)
+
+    def _page_ids_call(self, what: str, pages: list[int], slots: list[int], contract: Contract | None) -> bool:
+        """free_page_ids(pages) on the full pool; free of those pages' slots where the
+        sub-allocator has no free_page_ids. True when it ran."""
+        sub = self.alloc.full_attn_allocator
+        if hasattr(sub, "free_page_ids"):
+            fn = lambda: sub.free_page_ids(self._t(pages))
+        else:
+            every = [p * self.ps + i for p in pages for i in range(self.ps)]
+            fn = lambda: sub.free(self._t(every))
+        ran, _ = self._invoke(what, fn, contract)
+        return ran
+
+    def _free_pages(self, step: FreePages) -> None:
+        """A cache-style free: the full pages under positions start.. by page id."""
+        m = self.model
+        row = self._row(step.rid)
+        L = len(row.slots)
+        if not row.shared <= step.start < L:
+            raise StepFormatError("start", f"start {step.start} outside {row.shared}..{L - 1}")
+        slots = [s for s in row.slots[step.start :] if s != RELEASED]
+        pages = list(dict.fromkeys(s // self.ps for s in slots))
+        contract = m.classify_free_page_ids(pages, slots, step.rid)
+        if contract is None:
+            for lo, hi in runs_of(row.slots[step.start :], lambda s: s != RELEASED):
+                self._check_tags(step.rid, step.start + lo, row.slots[step.start + lo : step.start + hi], swa_too=False)
+        if not self._page_ids_call(f"free_page_ids(request {step.rid}, positions {step.start}..{L - 1})", pages, slots, contract):
+            return
+        m.free_page_ids(slots)
+        if m.group_open:
+            self.labels["group holding a free_page_ids"] += 1
+        touched = layout.expand_to_pages(slots, self.ps) if self.ps > 1 else slots
+        self._after_call([f for f in touched if f < m.mapping_len - 1])
+        self.labels["freed by page id"] += 1
+        if step.start == row.shared:
+            self._retire(step.rid)
+        else:
+            row.overwrite(step.start)
+            row.slots = row.slots[: step.start]
+
+    def _break_page_ids(self, step: Break) -> None:
+        """free_page_ids naming a page twice, page 0, or a free page."""
+        m, kind = self.model, step.kind
+        if not hasattr(self.alloc.full_attn_allocator, "free_page_ids"):
+            self.labels["contract break not expressible: no free_page_ids"] += 1
+            return
+        if kind == "page_ids_twice":
+            row = self._row(step.rid)
+            last = [s for s in row.slots if s != RELEASED][-1:]
+            if not last:
+                raise StepFormatError("rid", f"request {step.rid} holds no slot")
+            pages = [last[0] // self.ps] * 2
+        elif kind == "page_ids_padding":
+            pages = [0]
+        else:
+            page = next(iter(m.full.free), None)
+            if page is None:
+                raise StepFormatError("kind", "page_ids_free needs a free page")
+            pages = [page]
+        contract = m.classify_free_page_ids(pages, [])
+        self.labels[f"contract break: {kind}"] += 1
+        self._page_ids_call(f"free_page_ids({pages}) ({kind})", pages, [], contract)
 
 
 def replay(config: dict, steps: list[Step], target, census_every: int = 16) -> Lockstep:

@@ -188,7 +188,8 @@ class Resize(Step):
 # Deliberate contract breaks (SPEC 3.2): kind -> how the allocator must react.
 # "guard": one of its own guards (swa.peer_mapped / swa.peer_released) watches it,
 # crashing, counting or silent by level; "error": a clear error, state unchanged;
-# "unnoticed": the allocator need not notice, the harness must (never sent as legal).
+# "unnoticed": the allocator need not notice, the harness must (never sent as legal);
+# "debug": unnoticed, but refused in sglang's debug mode (SGLANG_DEBUG_MEMORY_POOL).
 BREAKS: dict[str, str] = {
     "free_unpaired": "guard",  # free at page_size 1 of a position whose SWA peer is gone
     "free_full_paired": "guard",  # free_full of a position that still has an SWA peer
@@ -202,25 +203,52 @@ BREAKS: dict[str, str] = {
     "paged_on_token": "error",  # alloc_extend at page_size 1
     "alloc_on_paged": "error",  # alloc(n) on a paged hybrid allocator
     "resize_grow": "error",  # resize above the built size
+    # sglang 0.5.23's free_page_ids: unnoticed, except that its debug mode refuses them.
+    "page_ids_twice": "debug",  # free_page_ids naming a request's last page twice
+    "page_ids_padding": "debug",  # free_page_ids of page 0
+    "page_ids_free": "debug",  # free_page_ids of a page that is free
 }
 GUARD_BREAKS = tuple(k for k, v in BREAKS.items() if v == "guard")
-OTHER_BREAKS = tuple(k for k, v in BREAKS.items() if v != "guard")
+OTHER_BREAKS = tuple(k for k, v in BREAKS.items() if v not in ("guard", "debug"))
+PAGE_ID_BREAKS = tuple(k for k, v in BREAKS.items() if v == "debug")
 
 
 @dataclass(frozen=True)
 class Break(Step):
-    """A deliberate contract break of one of the kinds in BREAKS."""
+    """A deliberate contract break of one of the kinds in BREAKS or PAGE_ID_BREAKS."""
 
     op: ClassVar[str] = "break"
     kind: str
     rid: int = -1
 
 
+@dataclass(frozen=True)
+class EvictSegment(Step):
+    """Window eviction by segment (sglang 0.5.23): free_swa_segment of positions
+    lo..hi-1, start_pos lo; free_swa of them where the target has no free_swa_segment."""
+
+    op: ClassVar[str] = "evict_segment"
+    rid: int
+    lo: int
+    hi: int
+
+
+@dataclass(frozen=True)
+class FreePages(Step):
+    """A cache-style free by page id: the full pages under positions start.. of a
+    request go back through full_attn_allocator.free_page_ids (free of their slots
+    where it has none); the request keeps positions 0..start-1, or is finished at 0."""
+
+    op: ClassVar[str] = "free_pages"
+    rid: int
+    start: int
+
+
 STEP_TYPES: dict[str, type[Step]] = {
     cls.op: cls
     for cls in (
         Admit, AdmitTail, Extend, Decode, Evict, Repair, Finish, DropTail,
-        GroupBegin, GroupEnd, MergeSort, Clear, Resize, Break,
+        GroupBegin, GroupEnd, MergeSort, Clear, Resize, Break, EvictSegment, FreePages,
         Prefill, Retract, Resume, CacheFree, Empty,
     )
 }

@@ -4,9 +4,9 @@ import pytest
 
 from properties.lockstep import Lockstep, LockstepFailure, check_config, replay
 from properties.steps import (
-    NEW, STEP_TYPES, Admit, AdmitTail, Break, CacheFree, Clear, Decode, DropTail, Empty, Evict, Extend,
-    Finish, GroupBegin, GroupEnd, MergeSort, Prefill, Repair, Resize, Resume, Retract, StepFormatError,
-    step_from_json,
+    NEW, STEP_TYPES, Admit, AdmitTail, Break, CacheFree, Clear, Decode, DropTail, Empty, Evict, EvictSegment,
+    Extend, Finish, FreePages, GroupBegin, GroupEnd, MergeSort, Prefill, Repair, Resize, Resume, Retract,
+    StepFormatError, step_from_json,
 )
 from properties.targets import TargetError, resolve
 from properties import steps as steps_module
@@ -17,6 +17,7 @@ EXAMPLES = [
     GroupEnd(), MergeSort(), Clear(), Resize(8, 8), Break("double_free"), Break("partial_page", 3),
     Prefill(((3, NEW, 0, 9), (0, 0, 5, 2), (4, 7, 4, 1))), Retract((0, 1)), Resume((1, 0)),
     CacheFree("free_swa", ((7, 0, 4), (8, 2, 3))), CacheFree("free", ((7, 0, 4), (8, 2, 3)), True), Empty("free_segment"),
+    EvictSegment(0, 4, 9), FreePages(1, 0), Break("page_ids_twice", 1),
 ]
 
 
