@@ -106,6 +106,21 @@ def decode_layout(
     return out
 
 
+LAYOUTS = ("torch", "triton")
+
+
+def layout_ops(layout: str):
+    """The (extend, decode) layout functions of ``layout``: "torch" (this module) or
+    "triton" (``impl.triton_layout``, imported only here, so impl runs without triton)."""
+    if layout == "torch":
+        return extend_layout, decode_layout
+    if layout == "triton":
+        from impl import triton_layout
+
+        return triton_layout.extend_layout, triton_layout.decode_layout
+    raise ValueError(f"layout={layout!r} is unknown; use one of {', '.join(LAYOUTS)}")
+
+
 class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     def __init__(
         self,
@@ -115,10 +130,14 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         device,
         kvcache,
         need_sort: bool,
+        *,
+        layout: str = "torch",
     ):
         if page_size < 1:
             raise ValueError(f"page_size={page_size} must be >= 1")
         super().__init__(size, page_size, dtype, device, kvcache, need_sort)
+        self.layout = layout
+        self._extend_layout, self._decode_layout = layout_ops(layout)
         self._capacity = size
         self.num_pages = size // page_size
         self._page_offsets = torch.arange(page_size, dtype=torch.int64, device=device)
@@ -209,7 +228,7 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         pages = self._take_pages(int(num_new_pages))
         if pages is None:
             return None
-        out = extend_layout(
+        out = self._extend_layout(
             prefix_lens, seq_lens, last_loc, pages, self.page_size, extend_num_tokens
         )
         if self.debug_mode:
@@ -235,7 +254,7 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         pages = self._take_pages(num_new_pages)
         if pages is None:
             return None
-        return decode_layout(seq_lens, last_loc, pages, self.page_size)
+        return self._decode_layout(seq_lens, last_loc, pages, self.page_size)
 
     # ------------------------------------------------------------ free
 

@@ -52,10 +52,17 @@ class Differential:
     def compare(self) -> None:
         sa, sb = _state(self.a), _state(self.b)
         for key in sa:
-            if sa[key] != sb[key]:
-                diff = next((i for i, (x, y) in enumerate(zip(sa[key], sb[key])) if x != y), None) if isinstance(sa[key], list) else None
-                where = f" (first difference at index {diff})" if diff is not None else ""
-                self._fail(f"{key} differs{where}: {sa[key] if not isinstance(sa[key], list) else len(sa[key])} vs {sb[key] if not isinstance(sb[key], list) else len(sb[key])}")
+            va, vb = sa[key], sb[key]
+            if va == vb:
+                continue
+            if isinstance(va, list):
+                i = next((i for i, (x, y) in enumerate(zip(va, vb)) if x != y), min(len(va), len(vb)))
+                at = lambda v: v[i] if i < len(v) else "nothing"  # noqa: E731
+                self._fail(
+                    f"{key} differs first at index {i}: {at(va)} on one side, {at(vb)} on the other "
+                    f"({len(va)} and {len(vb)} entries)"
+                )
+            self._fail(f"{key} differs: {va} on one side, {vb} on the other")
 
     def census(self) -> None:
         self.a.census()

@@ -91,7 +91,7 @@ def check_config(config: dict) -> dict:
     """A complete, validated configuration (SPEC 4.3); ValueError names a bad key."""
     cfg = {"device": "cpu", "need_sort": False, "ring_size": None, "req_slots": None, "check_level": "strict"}
     cfg.update(config)
-    unknown = set(cfg) - set(CONFIG_KEYS) - {"backend"}
+    unknown = set(cfg) - set(CONFIG_KEYS) - {"backend", "layout"}
     if unknown:
         raise ValueError(f"unknown config key {sorted(unknown)[0]!r}; known: {', '.join(CONFIG_KEYS)}")
     if cfg.get("kind") not in ("hybrid", "pure_swa"):
