@@ -1,4 +1,4 @@
-"""`python -m fuzz`: run campaigns, replay traces, list the corpus.
+"""`python -m fuzz`: run campaigns, replay traces, list the corpus, check sync-freedom.
 
 Exit codes (every subcommand):
   0  nothing failed: the campaign found no failure, every trace had its expected outcome
@@ -86,6 +86,12 @@ def parser() -> argparse.ArgumentParser:
 
     ls = sub.add_parser("list", help="show the corpus", description="A table of the corpus: name, expected outcome, variant, configuration, steps.")
     ls.add_argument("--corpus", default=str(DEFAULT_CORPUS), help="corpus folder (default fuzz/corpus)")
+
+    sy = sub.add_parser("sync", help="check the sync-free paths for host reads", description="Run free, free_swa, free_group_end, clear_full_to_swa_mapping, free_segment and alloc_decode under a watch for host reads and data-dependent shapes (properties/sync.py); exit 1 names the path and the op.")
+    sy.add_argument("--target", default="impl", help=targets)
+    sy.add_argument("--device", default="cpu", help="torch device: cpu (default) or cuda (adds set_sync_debug_mode('error'))")
+    sy.add_argument("--layout", choices=("torch", "triton"), default="torch", help="paged layout implementation (default torch)")
+    sy.add_argument("--json", help="also write the report as JSON to this file")
     return p
 
 
@@ -271,6 +277,23 @@ def cmd_replay(args) -> int:
     return EXIT_FAILED if mismatches else EXIT_OK
 
 
+# -------------------------------------------------------------------- sync
+def cmd_sync(args) -> int:
+    import json
+
+    from properties import sync
+
+    target = check_target(args.target)
+    check_device(args.device)
+    extra = {"layout": args.layout} if args.layout != "torch" else None
+    report = sync.check(target, args.target, args.device, extra=extra)
+    for line in report.lines():
+        print(line)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_json(), indent=1) + "\n")
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
 # -------------------------------------------------------------------- list
 def cmd_list(args) -> int:
     from fuzz import trace as trace_mod
@@ -297,7 +320,7 @@ def cmd_list(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        return {"run": cmd_run, "replay": cmd_replay, "list": cmd_list}[args.command](args)
+        return {"run": cmd_run, "replay": cmd_replay, "list": cmd_list, "sync": cmd_sync}[args.command](args)
     except BadInput as e:
         print(f"python -m fuzz {args.command}: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
