@@ -92,8 +92,8 @@ def _require_triton(device) -> None:
     if not triton_layout.runs_on(device):
         raise NotImplementedError(
             f"layout 'triton' cannot run on device {device!r} in this process: kernels "
-            "compile for CUDA only; set TRITON_INTERPRET=1 before the first allocator "
-            "is built to run them on CPU under triton's interpreter"
+            "compile for CUDA only; to run them on CPU under triton's interpreter, set "
+            "TRITON_INTERPRET=1 before anything imports triton"
         )
 
 

@@ -9,23 +9,34 @@ sets ``TRITON_INTERPRET=1`` before it imports triton and defines its kernels (th
 variable is read when a kernel is decorated), so the same kernels run on CPU tensors
 under triton's interpreter; that is how CI on a CPU machine runs them. A process that
 has a CUDA device and wants the interpreter sets the variable itself before
-importing this module. Importing ``impl`` never imports this module: only an
+importing this module. Either way the variable must be set before anything imports
+triton: a triton imported without it cannot interpret (``INTERPRETED`` is then False
+and the factory refuses CPU tensors with that reason). Importing ``impl`` never imports this module: only an
 allocator built with ``layout: "triton"`` does.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 
+
+def _interpret_set() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+# triton reads the variable when it decorates its own library at import: a triton
+# imported earlier without it cannot interpret, whatever is set now.
+_IMPORTED_UNINTERPRETED = "triton" in sys.modules and not _interpret_set()
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+INTERPRETED = _interpret_set() and not _IMPORTED_UNINTERPRETED
 
 _TOKENS_PER_BLOCK = 128
 _REQS_PER_BLOCK = 128

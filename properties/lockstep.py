@@ -87,6 +87,11 @@ def failure_class(invariant: str) -> type[LockstepFailure]:
     return cls
 
 
+def asserts_kill(device) -> bool:
+    """Whether a guard at strict on ``device`` is a device assert that kills the process."""
+    return torch.device(device).type == "cuda"
+
+
 def check_config(config: dict) -> dict:
     """A complete, validated configuration (SPEC 4.3); ValueError names a bad key."""
     cfg = {"device": "cpu", "need_sort": False, "ring_size": None, "req_slots": None, "check_level": "strict"}
@@ -166,6 +171,10 @@ class Lockstep:
     census_every: int = 16
     rows: dict[int, _Row] = field(default_factory=dict)
     labels: Counter = field(default_factory=Counter)
+    # On CUDA a guard at strict is torch._assert_async: it kills the process, so an
+    # in-process run (the hypothesis machine) does not send such a break; a replay,
+    # which runs in a child process, does.
+    skip_device_asserts: bool = False
 
     def __post_init__(self):
         self.config = check_config(self.config)
@@ -182,6 +191,8 @@ class Lockstep:
         self.tainted: str | None = None
         self.steps_run = 0
         self.trace: list[Step] = []
+        # Steps at which a guard refused a call at strict (a dead process on CUDA).
+        self.guard_refusals: list[int] = []
         self.census()
 
     # ----------------------------------------------------------- plumbing
@@ -213,6 +224,9 @@ class Lockstep:
     def _invoke(self, what: str, fn, contract: Contract | None):
         """Run one call as its contract and the level require; returns (ran, result)."""
         reaction = _expected(contract, self.level)
+        if reaction.kind == "raise" and self.skip_device_asserts and contract.reaction in names.GUARDS:
+            self.labels[f"not sent where a guard kills the process: {contract.name}"] += 1
+            return False, None
         if reaction.kind == "skip":
             self.labels[f"contract broken: {contract.name}"] += 1
             return False, None
@@ -258,6 +272,8 @@ class Lockstep:
             guard = contract.reaction if contract.reaction in names.GUARDS else None
             blame = guard if guard and getattr(exc, "invariant", None) != guard else names.ATOMIC
             self._check_unchanged(what, blame, exc)
+            if guard:
+                self.guard_refusals.append(self.index)
             return False, None
         if reaction.kind in ("count", "silent"):
             self.labels[f"guard {reaction.kind}: {contract.reaction}"] += 1
@@ -727,10 +743,13 @@ class Lockstep:
         self._invoke(f"{what} ({kind})", fn, contract)
 
 
-def replay(config: dict, steps: list[Step], target, census_every: int = 16) -> Lockstep:
+def replay(config: dict, steps: list[Step], target, census_every: int = 16, started=None) -> Lockstep:
     """Run a whole trace and the closing census; raises LockstepFailure on a divergence,
-    StepFormatError (with `.index`) on a step that cannot apply."""
+    StepFormatError (with `.index`) on a step that cannot apply. `started(ls)`, when
+    given, sees the driver before the first step (to read it after a failure)."""
     ls = Lockstep(config, target, census_every=census_every)
+    if started is not None:
+        started(ls)
     for i, step in enumerate(steps):
         try:
             ls.run(step)

@@ -16,8 +16,9 @@ from impl import paged, triton_layout  # noqa: E402
 
 if not triton_layout.runs_on("cpu"):
     pytest.skip(
-        "a CUDA device is present and TRITON_INTERPRET is not set, so the kernels do not run on "
-        "CPU tensors here; scripts/device_check compares them on CUDA",
+        "triton's interpreter is off in this process (a CUDA device without TRITON_INTERPRET=1, "
+        "or triton imported before it was set), so the kernels do not take CPU tensors; "
+        "scripts/device_check compares them on CUDA",
         allow_module_level=True,
     )
 
