@@ -132,3 +132,19 @@ def test_an_isolated_replay_reports_a_killed_process_as_a_crash(monkeypatch, tmp
     monkeypatch.setenv("FUZZ_CRASH_ALL", "1")
     out = campaign.replay_isolated(path, "tests.crashing_target:crash_on_second_admit", "cpu")
     assert (out.outcome, out.message) == (trace_mod.CRASH, "the replay process died"), out
+
+
+def test_an_in_process_run_on_cuda_does_not_send_a_break_its_guard_would_die_on():
+    """The hypothesis machine runs in one process: on CUDA (flag set here on CPU) a
+    guard break at strict is counted as not sent, and nothing is called."""
+    from properties.lockstep import Lockstep
+
+    config = trace_mod.load(GUARD_ENTRIES[0]).config
+    for skip, refusals in ((False, [1]), (True, [])):
+        ls = Lockstep(dict(config), resolve("impl"), skip_device_asserts=skip)
+        ls.run(Admit(((0, 1),)))
+        ls.run(Break("free_full_paired", 0))
+        ls.census()
+        assert ls.guard_refusals == refusals
+        sent = [k for k in ls.labels if k.startswith("not sent where a guard kills the process")]
+        assert bool(sent) == skip, ls.labels

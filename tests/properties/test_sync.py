@@ -77,3 +77,18 @@ def test_report_json_names_the_findings():
     out = sync.check(bounds_checked_free, "bounds_checked_free").to_json()
     assert out["ok"] is False and out["target"] == "bounds_checked_free"
     assert out["findings"][0]["path"].startswith("free (hybrid, page size 1)")
+
+
+def test_the_cli_exits_0_clean_1_naming_path_and_op_2_on_bad_input(capsys, tmp_path):
+    from fuzz.cli import main
+
+    assert main(["sync"]) == 0
+    assert "0 finding(s)" in capsys.readouterr().out
+    report = tmp_path / "r.json"
+    assert main(["sync", "--target", "tests.sync_targets:bounds_checked_free", "--json", str(report)]) == 1
+    out = capsys.readouterr().out
+    assert "SYNC     free (hybrid, page size 1): _local_scalar_dense (host read) in _BoundsCheckedFree.free" in out, out
+    assert '"ok": false' in report.read_text()
+    assert main(["sync", "--target", "no_such_target"]) == 2
+    assert "--target: unknown target 'no_such_target'" in capsys.readouterr().err
+    assert main(["sync", "--device", "cuda:99"]) == 2
