@@ -173,8 +173,8 @@ class Lockstep:
     labels: Counter = field(default_factory=Counter)
     # On CUDA a guard at strict is torch._assert_async: it kills the process, so an
     # in-process run (the hypothesis machine) does not send such a break; a replay,
-    # which runs in a child process, does.
-    skip_device_asserts: bool = False
+    # which runs in a child process, does. None: skip where the device kills.
+    skip_device_asserts: bool | None = None
 
     def __post_init__(self):
         self.config = check_config(self.config)
@@ -184,6 +184,8 @@ class Lockstep:
         self.ps = c["page_size"]
         self.level = c["check_level"]
         self.device = self.alloc.full_to_swa_index_mapping.device
+        if self.skip_device_asserts is None:
+            self.skip_device_asserts = asserts_kill(c["device"])
         self.tags = observe.Tags(self.alloc)
         self.ghosts: dict[int, list[int]] = {}
         self.index = -1
@@ -743,11 +745,13 @@ class Lockstep:
         self._invoke(f"{what} ({kind})", fn, contract)
 
 
-def replay(config: dict, steps: list[Step], target, census_every: int = 16, started=None) -> Lockstep:
+def replay(config: dict, steps: list[Step], target, census_every: int = 16, started=None, skip_device_asserts=False) -> Lockstep:
     """Run a whole trace and the closing census; raises LockstepFailure on a divergence,
     StepFormatError (with `.index`) on a step that cannot apply. `started(ls)`, when
-    given, sees the driver before the first step (to read it after a failure)."""
-    ls = Lockstep(config, target, census_every=census_every)
+    given, sees the driver before the first step (to read it after a failure).
+    A replay sends even a break whose guard kills the process (it runs in a child
+    process); `skip_device_asserts=None` holds those back as the machine does."""
+    ls = Lockstep(config, target, census_every=census_every, skip_device_asserts=skip_device_asserts)
     if started is not None:
         started(ls)
     for i, step in enumerate(steps):
@@ -783,7 +787,8 @@ def minimize(config: dict, steps: list[Step], target, invariant: str, max_replay
                 candidate = best[:i] + best[i + width :]
                 replays += 1
                 try:
-                    replay(config, candidate, target)
+                    # In the searching process, as the machine ran: no device-assert breaks.
+                    replay(config, candidate, target, skip_device_asserts=None)
                 except LockstepFailure as e:
                     if e.invariant == invariant:
                         best, failure, changed = candidate, e, True

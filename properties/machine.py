@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from properties.differential import Differential
-from properties.lockstep import RELEASED, Lockstep, asserts_kill, runs_of
+from properties.lockstep import RELEASED, Lockstep, runs_of
 from properties.steps import (
     BREAKS, FINISH_HOWS, Admit, AdmitTail, Break, Clear, Decode, DropTail, Evict, Extend,
     Finish, GroupBegin, GroupEnd, MergeSort, Repair, Resize, Step,
@@ -130,7 +130,7 @@ class LockstepMachine(RuleBasedStateMachine):
         cls = type(self)
         try:
             if cls.peer is None:
-                self.ls = Lockstep(config, cls.target, census_every=self.census_every, skip_device_asserts=asserts_kill(config["device"]))
+                self.ls = Lockstep(config, cls.target, census_every=self.census_every)
             else:
                 self.ls = Differential(config, cls.target, cls.peer, *cls.sides, census_every=self.census_every)
         except NotImplementedError as e:
