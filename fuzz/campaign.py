@@ -85,6 +85,24 @@ class Journal:
         self._write(step.to_json())
 
 
+def _replay_child(path: str, spec: str, device: str) -> tuple[str, str]:
+    out = trace_mod.run(trace_mod.load(path), resolve(spec), device)
+    return out.outcome, out.message
+
+
+def replay_isolated(path: str | os.PathLike, spec: str, device: str) -> trace_mod.Outcome:
+    """Replay one trace in a fresh child process, so a target or a device assert that
+    kills its process (a guard at strict on CUDA) is the outcome ``crash``, not a lost run."""
+    import concurrent.futures as cf
+
+    with cf.ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as pool:
+        try:
+            outcome, message = pool.submit(_replay_child, str(path), spec, device).result()
+        except cf.process.BrokenProcessPool:
+            return trace_mod.Outcome(trace_mod.CRASH, "the replay process died")
+    return trace_mod.Outcome(outcome, message)
+
+
 def read_journal(path: str | os.PathLike) -> tuple[dict | None, list]:
     """The configuration and steps a dead worker was running; a torn last line is dropped."""
     from properties.steps import StepFormatError, step_from_json

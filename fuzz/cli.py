@@ -1,4 +1,4 @@
-"""`python -m fuzz`: run campaigns, replay traces, list the corpus.
+"""`python -m fuzz`: run campaigns, replay traces, list the corpus, check sync-freedom.
 
 Exit codes (every subcommand):
   0  nothing failed: the campaign found no failure, every trace had its expected outcome
@@ -101,6 +101,12 @@ def parser() -> argparse.ArgumentParser:
 
     ls = sub.add_parser("list", help="show the corpus", description="A table of the corpus: name, expected outcome, variant, configuration, steps.")
     ls.add_argument("--corpus", default=str(DEFAULT_CORPUS), help="corpus folder (default fuzz/corpus)")
+
+    sy = sub.add_parser("sync", help="check the sync-free paths for host reads", description="Run free, free_swa, free_group_end, clear_full_to_swa_mapping, free_segment and alloc_decode under a watch for host reads and data-dependent shapes (properties/sync.py); exit 1 names the path and the op.")
+    sy.add_argument("--target", default="impl", help=targets)
+    sy.add_argument("--device", default="cpu", help="torch device: cpu (default) or cuda (adds set_sync_debug_mode('error'))")
+    sy.add_argument("--layout", choices=("torch", "triton"), default="torch", help="paged layout implementation (default torch)")
+    sy.add_argument("--json", help="also write the report as JSON to this file")
     return p
 
 
@@ -230,7 +236,7 @@ def _replay_one(path: str, target_spec: str | None, device: str):
     t = trace_mod.load(path)
     spec = target_spec or t.own_target
     out = trace_mod.run(t, campaign.resolve(spec), device)
-    return spec, t.expected_on(spec), out.outcome, out.message
+    return spec, out.outcome, out.message
 
 
 def cmd_replay(args) -> int:
@@ -238,6 +244,7 @@ def cmd_replay(args) -> int:
     import multiprocessing as mp
 
     from fuzz import trace as trace_mod
+    from properties.lockstep import asserts_kill
 
     files = _trace_files(args.files)
     if not files:
@@ -265,15 +272,21 @@ def cmd_replay(args) -> int:
                 pool = cf.ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn"))
             t = traces[f]
             spec = args.target or t.own_target
-            want = t.expected_on(spec)
             try:
-                spec, want, got, message = pool.submit(_replay_one, str(f), args.target, args.device).result()
+                # On CUDA a guard at strict kills the process: the expectation says so.
+                want = trace_mod.expected_outcome(t, spec, check_target(spec), args.device)
+                spec, got, message = pool.submit(_replay_one, str(f), args.target, args.device).result()
             except cf.process.BrokenProcessPool:
                 got, message = trace_mod.CRASH, "the replay process died (the target killed its process)"
                 pool.shutdown(wait=False)
                 pool = None
             except trace_mod.TraceError as e:
                 raise BadInput(str(e)) from None
+            if pool is not None and got == trace_mod.CRASH and asserts_kill(args.device):
+                # A device assert leaves the CUDA context unusable: a fresh process
+                # for the next trace.
+                pool.shutdown(wait=False)
+                pool = None
             if got == want:
                 print(f"ok        {f}  ({spec}: {got})")
             else:
@@ -322,6 +335,23 @@ def cmd_show(args) -> int:
     return EXIT_OK if shown.matches else EXIT_FAILED
 
 
+# -------------------------------------------------------------------- sync
+def cmd_sync(args) -> int:
+    import json
+
+    from properties import sync
+
+    target = check_target(args.target)
+    check_device(args.device)
+    extra = {"layout": args.layout} if args.layout != "torch" else None
+    report = sync.check(target, args.target, args.device, extra=extra)
+    for line in report.lines():
+        print(line)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_json(), indent=1) + "\n")
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
 # -------------------------------------------------------------------- list
 def cmd_list(args) -> int:
     from fuzz import trace as trace_mod
@@ -348,7 +378,7 @@ def cmd_list(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        return {"run": cmd_run, "replay": cmd_replay, "show": cmd_show, "list": cmd_list}[args.command](args)
+        return {"run": cmd_run, "replay": cmd_replay, "show": cmd_show, "list": cmd_list, "sync": cmd_sync}[args.command](args)
     except BadInput as e:
         print(f"python -m fuzz {args.command}: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

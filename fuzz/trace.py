@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from properties.lockstep import CONFIG_KEYS, LEVELS, LockstepFailure, check_config, replay
+from properties.lockstep import CONFIG_KEYS, LEVELS, LockstepFailure, asserts_kill, check_config, replay
 from properties.steps import Step, StepFormatError, step_from_json
 from reference import names
 
@@ -226,25 +226,51 @@ def save(trace: Trace, corpus: str | os.PathLike) -> Path:
 class Outcome:
     outcome: str  # pass, an invariant, contract.<name>, crash, unsupported
     message: str = ""
-    steps_run: int = 0
+    steps_run: int = 0  # on a failure, the index of the failing step
+    guard_refusals: list[int] = field(default_factory=list)  # steps a guard refused at strict
 
 
 def run(trace: Trace, target, device: str = "cpu") -> Outcome:
     """Replay a trace on a target factory and a device (the device replaces the
     trace's). A step that cannot apply is the trace's fault: TraceError."""
     config = dict(trace.config, device=device)
+    seen: list = []
     try:
-        ls = replay(config, trace.steps, target)
+        ls = replay(config, trace.steps, target, started=seen.append)
     except LockstepFailure as e:
-        return Outcome(e.invariant, str(e), e.index)
+        return Outcome(e.invariant, str(e), e.index, _refusals(seen))
     except StepFormatError as e:
         index = getattr(e, "index", None)
         raise TraceError(trace.path or trace.name, str(e).split(": ", 1)[1], index=index, field=e.field) from None
     except NotImplementedError as e:
         return Outcome(UNSUPPORTED, f"the target does not build this configuration: {e}")
     except Exception as e:  # any escape from the target is a crash, as on a server
-        return Outcome(CRASH, f"{type(e).__name__}: {e}")
-    return Outcome(PASS, "", ls.steps_run)
+        return Outcome(CRASH, f"{type(e).__name__}: {e}", guard_refusals=_refusals(seen))
+    return Outcome(PASS, "", ls.steps_run, list(ls.guard_refusals))
+
+
+def _refusals(seen: list) -> list[int]:
+    return list(seen[0].guard_refusals) if seen else []
+
+
+def expected_outcome(trace: Trace, target_spec: str, target, device: str) -> str:
+    """What a replay of ``trace`` on ``target`` must give on ``device``.
+
+    On CPU, the trace's own rule (``Trace.expected_on``). Where a guard at strict is a
+    device assert (CUDA), the process dies at the first step a guard refuses, so a run
+    that reaches such a refusal must end in ``crash``; otherwise the outcome is the
+    CPU one. Which steps a guard refuses is read off a replay on CPU.
+    """
+    want = trace.expected_on(target_spec)
+    if not asserts_kill(device):
+        return want
+    cpu = run(trace, target, "cpu")
+    if cpu.outcome == UNSUPPORTED:
+        return want
+    # A failure at the refusing step itself is the guard's own (it raised, but wrongly
+    # or changing state): that step's outcome stands.
+    killed = [i for i in cpu.guard_refusals if cpu.outcome in (PASS, CRASH) or i < cpu.steps_run]
+    return CRASH if killed else want
 
 
 def summary(config: dict) -> str:

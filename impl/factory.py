@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 import torch
@@ -9,6 +10,7 @@ import torch
 from impl import invariants
 from impl.backend import BACKEND_NAMES
 from impl.kv_pool import SWAKVPool
+from impl.paged import LAYOUTS
 from impl.req_pool import ReqToTokenPool
 from impl.swa import PureSWATokenToKVPoolAllocator, SWATokenToKVPoolAllocator
 
@@ -26,6 +28,7 @@ _DEFAULTS: dict[str, Any] = {
     # sglang's SGLANG_DEBUG_MEMORY_POOL checks (impl.debug); the config decides,
     # not the environment, so that one configuration always means one behaviour.
     "debug_memory_pool": False,
+    "layout": "torch",  # the paged layouts' implementation: torch or triton kernels
 }
 KEYS = _REQUIRED + tuple(_DEFAULTS)
 
@@ -71,6 +74,8 @@ def _validate(config: dict) -> dict:
         _int(cfg, "req_slots", 1)
     if cfg["check_level"] is not None and cfg["check_level"] not in LEVELS:
         raise _bad("check_level", cfg["check_level"], f"one of {LEVELS}")
+    if cfg["layout"] not in LAYOUTS:
+        raise _bad("layout", cfg["layout"], f"one of {LAYOUTS}")
     if cfg["backend"] not in BACKEND_NAMES:
         raise _bad("backend", cfg["backend"], f"one of {BACKEND_NAMES}")
     try:
@@ -78,6 +83,22 @@ def _validate(config: dict) -> dict:
     except (RuntimeError, TypeError, ValueError) as exc:
         raise _bad("device", cfg["device"], "a torch device string such as 'cpu'") from exc
     return cfg
+
+
+def _require_triton(device) -> None:
+    if importlib.util.find_spec("triton") is None:
+        raise NotImplementedError(
+            "layout 'triton' needs the triton package, which is not installed; "
+            "install the extra: pip install -e '.[triton]'"
+        )
+    from impl import triton_layout
+
+    if not triton_layout.runs_on(device):
+        raise NotImplementedError(
+            f"layout 'triton' cannot run on device {device!r} in this process: kernels "
+            "compile for CUDA only; to run them on CPU under triton's interpreter, set "
+            "TRITON_INTERPRET=1 before anything imports triton"
+        )
 
 
 def make_allocator(config: dict):
@@ -108,6 +129,9 @@ def make_allocator(config: dict):
                 "an NPU device or backend needs torch_npu, which is not installed; "
                 "backend 'npu_emulated' runs the NPU branch elsewhere"
             ) from exc
+
+    if cfg["layout"] == "triton":
+        _require_triton(device)
 
     if cfg["check_level"] is not None:
         invariants.set_level(cfg["check_level"])
@@ -143,6 +167,7 @@ def _build(cfg: dict):
         cfg["need_sort"],
         req_to_token_pool=req_pool,
         backend=cfg["backend"],
+        layout=cfg["layout"],
     )
 
 

@@ -153,6 +153,21 @@ def alloc_decode_naive(
     out_indices.copy_(decode_layout(seq_lens, last_loc, free_pages[:num_new_pages], page_size))
 
 
+LAYOUTS = ("torch", "triton")
+
+
+def layout_ops(layout: str):
+    """The (extend, decode) layout functions of ``layout``: "torch" (this module) or
+    "triton" (``impl.triton_layout``, imported only here, so impl runs without triton)."""
+    if layout == "torch":
+        return extend_layout, decode_layout
+    if layout == "triton":
+        from impl import triton_layout
+
+        return triton_layout.extend_layout, triton_layout.decode_layout
+    raise ValueError(f"layout={layout!r} is unknown; use one of {', '.join(LAYOUTS)}")
+
+
 class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     def __init__(
         self,
@@ -162,10 +177,14 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         device,
         kvcache,
         need_sort: bool,
+        *,
+        layout: str = "torch",
     ):
         if page_size < 1:
             raise ValueError(f"page_size={page_size} must be >= 1")
         super().__init__(size, page_size, dtype, device, kvcache, need_sort)
+        self.layout = layout
+        self._extend_layout, self._decode_layout = layout_ops(layout)
         self._capacity = size
         self.num_pages = size // page_size
         self._page_offsets = torch.arange(page_size, dtype=torch.int64, device=device)
@@ -275,7 +294,7 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         pages = self._take_pages(int(num_new_pages))
         if pages is None:
             return None
-        out = extend_layout(
+        out = self._extend_layout(
             prefix_lens, seq_lens, last_loc, pages, self.page_size, extend_num_tokens
         )
         if self.debug_mode:
@@ -305,7 +324,7 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         pages = self._take_pages(num_new_pages)
         if pages is None:
             return None
-        out = decode_layout(seq_lens, last_loc, pages, self.page_size)
+        out = self._decode_layout(seq_lens, last_loc, pages, self.page_size)
         if self.debug_mode:
             assert len(torch.unique(out)) == len(out), "decode layout repeats a slot"
         return out

@@ -56,6 +56,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     _swa_ring_cost = 0
     _req_to_token_pool = None
     _swa_to_full = None
+    layout = "torch"
 
     def __init__(
         self,
@@ -69,6 +70,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         req_to_token_pool=None,
         *,
         backend: str = "auto",
+        layout: str = "torch",
     ):
         _require_kvcache(kvcache)
         ring_size = getattr(kvcache, "swa_req_ring_size", None)
@@ -106,11 +108,12 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             )
         else:
             self.full_attn_allocator = PagedTokenToKVPoolAllocator(
-                size, page_size, dtype, device, full_kv_pool, need_sort
+                size, page_size, dtype, device, full_kv_pool, need_sort, layout=layout
             )
             self.swa_attn_allocator = PagedTokenToKVPoolAllocator(
-                size_swa, page_size, dtype, device, swa_kv_pool, need_sort
+                size_swa, page_size, dtype, device, swa_kv_pool, need_sort, layout=layout
             )
+        self.layout = layout
 
         # size + page_size entries reach the last slot of the last page; the
         # extra final entry is the -1 sentinel (see the module docstring).
@@ -478,14 +481,18 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         if self.page_size == 1:
             # Dropping unpaired entries here would need a boolean mask, whose
             # result size the host must read back; the check reports them.
-            where = free_index
-            swa = self.full_to_swa_index_mapping[where]
+            swa = self.full_to_swa_index_mapping[free_index]
             expect(SWA_PEER_MAPPED, swa > 0, msg="slot has no SWA peer; the caller wants free_full")
+            self.clear_full_to_swa_mapping(free_index)
+        elif self.layout == "triton":
+            swa = self._gather_and_clear(free_index)
+            # The reverse map loses the SWA slots read, as _unlink_reverse does
+            # on the torch path.
+            self._backend.zero_fill(self._swa_to_full, swa)
         else:
             where = self._expand_to_full_pages(free_index)
             swa = self.full_to_swa_index_mapping[where]
-
-        self.clear_full_to_swa_mapping(where)
+            self.clear_full_to_swa_mapping(where)
 
         if self.free_group is not None:
             # Hold the SWA ids as read now, not the full ids: before the group
@@ -542,6 +549,13 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             "representative with no peer, or full and SWA pages not paired in step)"
         )
 
+    def _gather_and_clear(self, free_index: torch.Tensor) -> torch.Tensor:
+        """The triton layout's free_swa read: the mapping entries of every page
+        ``free_index`` touches (a page touched twice read twice), then zeroed."""
+        from impl.triton_layout import gather_and_clear_pages
+
+        return gather_and_clear_pages(free_index, self.full_to_swa_index_mapping, self.page_size)
+
     def _release_swa(self, swa_indices: torch.Tensor) -> None:
         ps = self.page_size
         if ps > 1:
@@ -579,7 +593,12 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         if free_index.numel() == 0:
             return
         # Mapping reads before anything else, for the reason given in free().
-        self.free_swa(free_index)
+        if self.layout == "triton" and self.page_size > 1:
+            # The row is page-consecutive from an aligned start, so one index per
+            # page (as the full half's free_segment takes) names every page.
+            self.free_swa(free_index[:: self.page_size])
+        else:
+            self.free_swa(free_index)
         self.full_attn_allocator.free_segment(free_index, start_pos=start_pos)
 
     def free_full_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:

@@ -91,13 +91,18 @@ def failure_class(invariant: str) -> type[LockstepFailure]:
     return cls
 
 
+def asserts_kill(device) -> bool:
+    """Whether a guard at strict on ``device`` is a device assert that kills the process."""
+    return torch.device(device).type == "cuda"
+
+
 def check_config(config: dict) -> dict:
     """A complete, validated configuration (SPEC 4.3); ValueError names a bad key."""
     # debug_memory_pool gets no default here: a target is handed the key only when
     # a configuration sets it (absent means off), so factories that predate it work.
     cfg = {"device": "cpu", "need_sort": False, "ring_size": None, "req_slots": None, "check_level": "strict"}
     cfg.update(config)
-    unknown = set(cfg) - set(CONFIG_KEYS) - {"backend"}
+    unknown = set(cfg) - set(CONFIG_KEYS) - {"backend", "layout"}
     if unknown:
         raise ValueError(f"unknown config key {sorted(unknown)[0]!r}; known: {', '.join(CONFIG_KEYS)}")
     if cfg.get("kind") not in ("hybrid", "pure_swa"):
@@ -206,6 +211,10 @@ class Lockstep:
     cache: dict[int, _Row] = field(default_factory=dict)
     locks: Counter = field(default_factory=Counter)
     retracted: dict[int, _Retracted] = field(default_factory=dict)
+    # On CUDA a guard at strict is torch._assert_async: it kills the process, so an
+    # in-process run (the hypothesis machine) does not send such a break; a replay,
+    # which runs in a child process, does. None: skip where the device kills.
+    skip_device_asserts: bool | None = None
 
     def __post_init__(self):
         self.config = check_config(self.config)
@@ -216,6 +225,8 @@ class Lockstep:
         self.level = c["check_level"]
         self.debug = c.get("debug_memory_pool", False)
         self.device = self.alloc.full_to_swa_index_mapping.device
+        if self.skip_device_asserts is None:
+            self.skip_device_asserts = asserts_kill(c["device"])
         self.tags = observe.Tags(self.alloc)
         self.ghosts: dict[int, list[int]] = {}
         self.index = -1
@@ -223,6 +234,8 @@ class Lockstep:
         self.tainted: str | None = None
         self.steps_run = 0
         self.trace: list[Step] = []
+        # Steps at which a guard refused a call at strict (a dead process on CUDA).
+        self.guard_refusals: list[int] = []
         self.census()
 
     # ----------------------------------------------------------- plumbing
@@ -258,6 +271,9 @@ class Lockstep:
     def _invoke(self, what: str, fn, contract: Contract | None):
         """Run one call as its contract and the level require; returns (ran, result)."""
         reaction = _expected(contract, self.level, self.debug)
+        if reaction.kind == "raise" and self.skip_device_asserts and contract.reaction in names.GUARDS:
+            self.labels[f"not sent where a guard kills the process: {contract.name}"] += 1
+            return False, None
         if reaction.kind == "skip":
             self.labels[f"contract broken: {contract.name}"] += 1
             return False, None
@@ -303,6 +319,8 @@ class Lockstep:
             guard = contract.reaction if contract.reaction in names.GUARDS else None
             blame = guard if guard and getattr(exc, "invariant", None) != guard else names.ATOMIC
             self._check_unchanged(what, blame, exc)
+            if guard:
+                self.guard_refusals.append(self.index)
             return False, None
         if reaction.kind in ("count", "silent"):
             self.labels[f"guard {reaction.kind}: {contract.reaction}"] += 1
@@ -1228,10 +1246,15 @@ class Lockstep:
         self._page_ids_call(f"free_page_ids({pages}) ({kind})", pages, [], contract)
 
 
-def replay(config: dict, steps: list[Step], target, census_every: int = 16) -> Lockstep:
+def replay(config: dict, steps: list[Step], target, census_every: int = 16, started=None, skip_device_asserts=False) -> Lockstep:
     """Run a whole trace and the closing census; raises LockstepFailure on a divergence,
-    StepFormatError (with `.index`) on a step that cannot apply."""
-    ls = Lockstep(config, target, census_every=census_every)
+    StepFormatError (with `.index`) on a step that cannot apply. `started(ls)`, when
+    given, sees the driver before the first step (to read it after a failure).
+    A replay sends even a break whose guard kills the process (it runs in a child
+    process); `skip_device_asserts=None` holds those back as the machine does."""
+    ls = Lockstep(config, target, census_every=census_every, skip_device_asserts=skip_device_asserts)
+    if started is not None:
+        started(ls)
     for i, step in enumerate(steps):
         try:
             ls.run(step)
@@ -1265,7 +1288,8 @@ def minimize(config: dict, steps: list[Step], target, invariant: str, max_replay
                 candidate = best[:i] + best[i + width :]
                 replays += 1
                 try:
-                    replay(config, candidate, target)
+                    # In the searching process, as the machine ran: no device-assert breaks.
+                    replay(config, candidate, target, skip_device_asserts=None)
                 except LockstepFailure as e:
                     if e.invariant == invariant:
                         best, failure, changed = candidate, e, True
