@@ -26,7 +26,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 from properties.differential import Differential
 from properties.lockstep import RELEASED, Lockstep, runs_of
 from properties.steps import (
-    BREAKS, EMPTY_CALLS, GUARD_BREAKS, NEW, OTHER_BREAKS, AdmitTail, Break, CacheFree, Clear, Decode, DropTail, Empty,
+    BREAKS, EMPTY_CALLS, GUARD_BREAKS, NEW, OTHER_BREAKS, PAGE_ID_BREAKS, AdmitTail, Break, CacheFree, Clear, Decode,
+    DropTail, Empty, EvictSegment, FreePages,
     Evict, Finish, GroupBegin, GroupEnd, MergeSort, Prefill, Repair, Resize, Resume, Retract, Step,
 )
 from properties.targets import Target, resolve
@@ -85,6 +86,10 @@ def configs(draw, device: str = "cpu", fixed: dict | None = None) -> dict:
         "req_slots": draw(st.integers(1, 24)) if ring else None,
         "check_level": draw(st.sampled_from(("strict", "warn", "off"))),
     }
+    # sglang's SGLANG_DEBUG_MEMORY_POOL checks; the key is sent only when on, so a
+    # target that knows nothing of it still builds every other configuration.
+    if draw(st.integers(0, 3)) == 0:
+        drawn["debug_memory_pool"] = True
     return {**drawn, **fixed}
 
 
@@ -339,6 +344,69 @@ class LockstepMachine(RuleBasedStateMachine):
         offset = data.draw(st.integers(0, self.ls.ps - 1), label="offset")
         self._go(Repair(rid, lo, n, offset))
 
+    def _segment_span(self, rid: int) -> tuple[int, int] | None:
+        """Whole pages from the first one whose SWA KV free_swa_segment can release
+        (every representative paired, in step with its full page), as far as they go."""
+        ls, ps = self.ls, self.ls.ps
+        row = ls.rows[rid]
+        L = len(row.slots)
+        if ls.ring:
+            return (row.shared, L) if row.shared < L else None
+        def ok(p):
+            s = row.slots[p]
+            if ls.pure:
+                return s != RELEASED
+            peer = ls.model.peer.get(s)
+            return peer is not None and peer % ps == s % ps and all(
+                ls.model.peer.get(x, -1) - peer == x - s for x in row.slots[p : min(p + ps, L)])
+        lo = next((p for p in range(row.shared, L, ps) if ok(p)), None)
+        if lo is None:
+            return None
+        hi = lo
+        while hi < L and ok(hi):
+            hi = min(hi + ps, L)
+        return lo, hi
+
+    def _segment_evictable(self) -> list[int]:
+        return self._cached_for_step("segment", lambda: [r for r in self._live if self._segment_span(r)])
+
+    @precondition(lambda self: self._has_rows() and bool(self._segment_evictable()))
+    @rule(data=st.data())
+    def evict_segment(self, data):
+        """Window eviction by segment (sglang 0.5.23's free_swa_segment)."""
+        rid = data.draw(st.sampled_from(self._segment_evictable()), label="request")
+        lo, hi = self._segment_span(rid)
+        ps = self.ls.ps
+        hi = data.draw(st.integers(lo + 1, hi), label="evict to")
+        self._go(EvictSegment(rid, lo, hi))
+
+    def _page_free_start(self, rid: int) -> int | None:
+        """The first page-aligned position from which the row holds no SWA KV."""
+        ls, ps = self.ls, self.ls.ps
+        row = ls.rows[rid]
+        L = len(row.slots)
+        if ls.pure or ls.ring:
+            return row.shared if row.shared < L else None
+        start = L
+        while start > row.shared and row.slots[start - 1] not in ls.model.peer:
+            start -= 1
+        start = -(-start // ps) * ps
+        return start if start < L else None
+
+    def _page_freeable(self) -> list[int]:
+        return self._cached_for_step("page ids", lambda: [r for r in self._live if self._page_free_start(r) is not None])
+
+    @precondition(lambda self: self._has_rows() and bool(self._page_freeable()))
+    @rule(data=st.data())
+    def free_pages(self, data):
+        """A cache-style free by page id (sglang 0.5.23's free_page_ids) of a row's
+        tail whose SWA KV is already gone."""
+        rid = data.draw(st.sampled_from(self._page_freeable()), label="request")
+        start = self._page_free_start(rid)
+        L, ps = len(self.ls.rows[rid].slots), self.ls.ps
+        start = data.draw(st.integers(start // ps, (L - 1) // ps), label="from page") * ps
+        self._go(FreePages(rid, start))
+
     def _finish_hows(self, rid: int) -> list[str]:
         ls = self.ls
         row = ls.rows[rid]
@@ -496,10 +564,10 @@ class LockstepMachine(RuleBasedStateMachine):
         kind = data.draw(st.sampled_from([k for k in kinds if self._breaks(k, limit=1)]), label="break kind")
         return data.draw(st.sampled_from(self._breaks(kind)), label="break")
 
-    @precondition(lambda self: self.ls is not None and self._can_break(OTHER_BREAKS))
+    @precondition(lambda self: self.ls is not None and self._can_break(OTHER_BREAKS + PAGE_ID_BREAKS))
     @rule(data=st.data())
     def contract_break(self, data):
-        self._go(self._draw_break(data, OTHER_BREAKS))
+        self._go(self._draw_break(data, OTHER_BREAKS + PAGE_ID_BREAKS))
 
     @precondition(lambda self: self._has_rows() and self._can_break(GUARD_BREAKS))
     @rule(data=st.data())
@@ -513,6 +581,14 @@ class LockstepMachine(RuleBasedStateMachine):
         """The breaks of this kind the current state can make (at most `limit`)."""
         ls, m = self.ls, self.ls.model
         hybrid = not m.pure
+        if BREAKS[kind] == "debug":
+            # Sent only where sglang's debug mode refuses them: elsewhere the allocator
+            # need not notice, and the harness never sends those.
+            if not (ls.debug and ls.ps > 1 and not m.group_open):
+                return []
+            if kind != "page_ids_twice":
+                return [Break(kind)] if kind == "page_ids_padding" or m.full.free else []
+            return [Break(kind, r) for r in self._live[:limit] if ls.rows[r].slots[ls.rows[r].shared :]]
         if BREAKS[kind] != "guard" and kind not in ("partial_page", "unaligned_segment"):
             if kind == "nested_group":
                 ok = m.group_open
