@@ -73,13 +73,9 @@ class LockstepMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------ helpers
     @property
     def ok(self) -> bool:
-        # A run the caller tainted (a broken contract accepted) goes on as no-ops:
-        # hypothesis needs a rule it can always take.
         return self.ls is not None
 
     def _go(self, step: Step) -> None:
-        if self.ls.tainted:
-            return
         # Outside hypothesis (a benchmark driving the rules by hand) there is no one
         # to tell.
         quiet = not currently_in_test_context()
@@ -304,10 +300,8 @@ class LockstepMachine(RuleBasedStateMachine):
 
     # ----------------------------------------------------------- teardown
     def teardown(self):
-        if self.ls is not None and not self.ls.tainted and not self.failed:
-            self.ls.index += 1
-            self.ls.step = None
-            self.ls.census()
+        if self.ls is not None and not self.failed:
+            self.ls.close()
 
 
 def machine_for(
