@@ -332,7 +332,7 @@ class Lockstep:
         if reaction.kind == "skip":
             # SPEC 3.2: a break the allocator need not notice is never sent.
             if isinstance(self.step, Break):
-                self.labels[f"contract break not sent: {contract.name}"] += 1
+                self.labels[f"contract break not sent: {self.step.kind} ({contract.name})"] += 1
             else:
                 self.labels[f"workload step breaks a contract, not sent: {contract.name}"] += 1
             return False, None
@@ -521,6 +521,12 @@ class Lockstep:
             ran, res = self._invoke(what, fn, contract)
             if not ran:
                 return None
+            if what == "decode":
+                label, n = "decode onto a new page", sum(1 for s in seq if (s - 1) % self.ps == 0)
+            else:
+                label, n = "extend from a prefix inside a page", sum(1 for p in prefix if p % self.ps)
+            if n:
+                self.labels[label] += n
             full = None if res is None else res.tolist()
             swa = None if full is None or self.ring else observe.peers(a, full)
             check = m.alloc_decode(seq, last, full, swa, rids) if what == "decode" else m.alloc_extend(prefix, seq, last, full, swa, rids)
@@ -580,8 +586,6 @@ class Lockstep:
                 raise StepFormatError("reqs", f"entry {i}: add {n} must be >= 1")
             L = len(self._row(r, "reqs").slots)
             batch.append((r, L, L + n))
-            if L % self.ps:
-                self.labels["extend from a prefix inside a page"] += 1
         self._alloc_rows("extend", batch, new=False)
 
     def _decode(self, step: Decode) -> None:
@@ -589,8 +593,6 @@ class Lockstep:
         for r in step.rids:
             L = len(self._row(r, "rids").slots)
             batch.append((r, L, L + 1))
-            if L % self.ps == 0 and self.ps > 1:
-                self.labels["decode onto a new page"] += 1
         self._alloc_rows("decode", batch, new=False)
 
     def _admit_tail(self, step: AdmitTail) -> None:
