@@ -55,6 +55,15 @@ def pytest_addoption(parser):
     )
 
 
+_VARIANT_REPORT = pytest.StashKey[list]()
+
+
+@pytest.fixture(scope="session")
+def variant_report(request):
+    """Lines the variant search adds to the terminal summary (worst examples-to-find)."""
+    return request.config.stash.setdefault(_VARIANT_REPORT, [])
+
+
 @pytest.fixture(scope="session")
 def target_spec(request):
     return request.config.getoption("--target")
@@ -101,8 +110,11 @@ def pytest_configure(config):
     config.add_cleanup(lambda: ctx.__exit__(None, None, None))
 
 
-def pytest_terminal_summary(terminalreporter):
+def pytest_terminal_summary(terminalreporter, config):
     from properties.machine import LABELS_SEEN
+
+    for line in config.stash.get(_VARIANT_REPORT, []):
+        terminalreporter.write_line(f"swa-lockstep variant search: {line}")
 
     if not _TALLY or not _TALLY[0].totals["steps_run"]:
         return

@@ -579,7 +579,7 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     "clear_leaves_group_open": ("group.deferred",),
     "free_full_unguarded": ("swa.peer_released",),
     "expand_drops_page": ("pool.no_leak", "map.live", "swa.peer_released"),
-    "expand_adds_neighbour": ("map.sentinel", "pool.no_double_ownership"),
+    "expand_adds_neighbour": ("map.sentinel", "pool.no_double_ownership", "map.live"),
     "ring_counts_all_slots": ("pool.capacity", "alloc.atomic"),
     "ring_cost_unrounded": ("pool.capacity",),
     "seed_decode_not_atomic": ("alloc.atomic",),
