@@ -922,7 +922,9 @@ def minimize(config: dict, steps: list[Step], target, invariant: str, max_replay
                     if e.invariant == invariant:
                         best, failure, changed = candidate, e, True
                         break
-                except Exception:  # a step that no longer applies, or another fault: keep it
+                except HarnessError:
+                    raise  # a bug here, not a shorter trace
+                except Exception:  # a step that no longer applies, or a target crash: keep it
                     pass
             if changed:
                 break

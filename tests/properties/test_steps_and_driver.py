@@ -105,7 +105,7 @@ def test_guard_peer_released_raises_at_strict_counts_at_warn_silent_at_off():
 
 def test_unnoticed_breaks_are_classified_and_not_sent():
     ls = run("strict", Admit(((0, 2),)), Finish(0, "split"), Break("double_free"), page_size=4)
-    assert ls.labels["contract break not sent: free.double"] == 1
+    assert ls.labels["contract break not sent: double_free (free.double)"] == 1
 
 
 def test_a_step_naming_a_dead_request_is_a_format_error():
