@@ -25,12 +25,19 @@ settings.register_profile(
     max_examples=6000,
     **{**_common, "stateful_step_count": 60},
 )
-settings.register_profile(
-    "crosshair",
-    backend="crosshair",
-    max_examples=20,
-    **{**_common, "stateful_step_count": 10},
-)
+try:
+    import hypothesis_crosshair_provider  # noqa: F401  (the `test` extra installs it)
+except ImportError:
+    # A plain install has no crosshair backend: the profile is left out, and asking
+    # for it says why (hypothesis names the profiles it knows).
+    pass
+else:
+    settings.register_profile(
+        "crosshair",
+        backend="crosshair",
+        max_examples=20,
+        **{**_common, "stateful_step_count": 10},
+    )
 # The mutation score (bench/mutation.py): ci's derandomized search on a smaller budget,
 # without shrinking (a mutant is killed by any failure) and without a database.
 settings.register_profile(
@@ -58,6 +65,15 @@ def pytest_addoption(parser):
     )
 
 
+_VARIANT_REPORT = pytest.StashKey[list]()
+
+
+@pytest.fixture(scope="session")
+def variant_report(request):
+    """Lines the variant search adds to the terminal summary (worst examples-to-find)."""
+    return request.config.stash.setdefault(_VARIANT_REPORT, [])
+
+
 @pytest.fixture(scope="session")
 def target_spec(request):
     return request.config.getoption("--target")
@@ -68,10 +84,53 @@ def device(request):
     return request.config.getoption("--device")
 
 
-def pytest_terminal_summary(terminalreporter):
-    from properties.machine import LABELS_SEEN, STATS
+class _StepTally:
+    """Counts, over the whole session, the steps every lockstep driver ran and compared."""
 
-    if STATS["steps"]:
-        terminalreporter.write_line(
-            f"swa-lockstep: {STATS['steps']} workload steps run, {len(LABELS_SEEN)} coverage labels reached"
-        )
+    def __init__(self):
+        from properties.lockstep import Observer
+
+        self.totals = {"steps_run": 0, "steps_compared": 0, "runs_restarted": 0}
+        self._seen: dict[int, dict] = {}
+        tally = self
+
+        class _Watch(Observer):
+            def started(self, ls):
+                tally._seen[id(ls)] = ls.counters()
+
+            def after_step(self, ls, step):
+                now, was = ls.counters(), tally._seen.get(id(ls), dict.fromkeys(tally.totals, 0))
+                for k in tally.totals:
+                    tally.totals[k] += now[k] - was[k]
+                tally._seen[id(ls)] = now
+
+        self.observer = _Watch()
+
+
+_TALLY: list = []
+
+
+def pytest_configure(config):
+    from properties.lockstep import observing
+
+    tally = _StepTally()
+    _TALLY.append(tally)
+    ctx = observing(tally.observer)
+    ctx.__enter__()
+    config.add_cleanup(lambda: ctx.__exit__(None, None, None))
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    from properties.machine import LABELS_SEEN
+
+    for line in config.stash.get(_VARIANT_REPORT, []):
+        terminalreporter.write_line(f"swa-lockstep variant search: {line}")
+
+    if not _TALLY or not _TALLY[0].totals["steps_run"]:
+        return
+    t = _TALLY[0].totals
+    terminalreporter.write_line(
+        f"swa-lockstep: {t['steps_run']} workload steps run, {t['steps_compared']} compared with the model "
+        f"({100 * t['steps_compared'] / t['steps_run']:.1f}%), {t['runs_restarted']} runs restarted after a call "
+        f"the model cannot follow, {len(LABELS_SEEN)} coverage labels reached"
+    )

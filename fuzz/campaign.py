@@ -22,6 +22,7 @@ import shutil
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -147,8 +148,7 @@ def worker_main(job: Job, out) -> None:
     from hypothesis.database import DirectoryBasedExampleDatabase
     from hypothesis.stateful import run_state_machine_as_test
 
-    from properties import lockstep as lockstep_mod
-    from properties.lockstep import LockstepFailure, minimize
+    from properties.lockstep import HarnessError, LockstepFailure, Observer, TargetCrash, minimize, observing
     from properties.machine import LABELS_SEEN
 
     import torch
@@ -157,35 +157,37 @@ def worker_main(job: Job, out) -> None:
     torch.set_num_threads(1)
     journal = Journal(job.journal)
     factory = resolve(job.target)
-    counts = {"steps": 0, "examples": 0}
+    counts = {"steps": 0, "compared": 0, "restarted": 0, "examples": 0}
     last_sent = [0.0]
 
     def send_stats(force: bool = False) -> None:
         now = time.time()
         if force or now - last_sent[0] >= STATS_EVERY_S:
             last_sent[0] = now
-            out.put(("stats", job.wid, counts["steps"], counts["examples"], sorted(LABELS_SEEN)))
+            out.put(("stats", job.wid, dict(counts), sorted(LABELS_SEEN)))
 
-    def traced_factory(config):
-        counts["examples"] += 1
-        journal.begin(config)
-        return factory(config)
+    class Journaling(Observer):
+        """Every example's configuration and steps go to the journal before they run."""
 
-    original_run = lockstep_mod.Lockstep.run
+        def started(self, ls):
+            counts["examples"] += 1
+            journal.begin(ls.config)
+            self.seen = ls.counters()
 
-    def run(self, step):
-        journal.step(step)
-        before = self.steps_run
-        try:
-            return original_run(self, step)
-        finally:
-            counts["steps"] += self.steps_run - before
+        def before_step(self, ls, step):
+            journal.step(step)
+
+        def after_step(self, ls, step):
+            now = ls.counters()
+            counts["steps"] += now["steps_run"] - self.seen["steps_run"]
+            counts["compared"] += now["steps_compared"] - self.seen["steps_compared"]
+            counts["restarted"] += now["runs_restarted"] - self.seen["runs_restarted"]
+            self.seen = now
             send_stats()
 
-    # This process exists to run one target: every Lockstep in it is journaled.
-    lockstep_mod.Lockstep.run = run
+    journaling = Journaling()
 
-    base = machine_class(job.target, traced_factory, job.device)
+    base = machine_class(job.target, factory, job.device)
     db = DirectoryBasedExampleDatabase(job.db)
     # The budget is fuzzing time: it starts once the imports (torch) are done.
     ready = time.time()
@@ -214,13 +216,17 @@ def worker_main(job: Job, out) -> None:
             )
             t0 = time.time()
             try:
-                run_state_machine_as_test(cls, settings=s)
+                with observing(journaling):
+                    run_state_machine_as_test(cls, settings=s)
             except LockstepFailure as e:
                 send_stats(force=True)
                 config = e.config or journal.config
                 steps = e.steps if e.steps is not None else journal.steps
-                lockstep_mod.Lockstep.run = original_run  # replays below are not campaign steps
-                shorter, again = minimize(config, steps, factory, e.invariant)
+                try:
+                    shorter, again = minimize(config, steps, factory, e.invariant)
+                except HarnessError as h:  # a replay of the failure hit a harness bug
+                    out.put(("harness_error", job.wid, {"message": str(h), "traceback": h.traceback}))
+                    return
                 if again is not None:
                     steps, e = shorter, again
                 out.put(("failure", job.wid, {
@@ -231,15 +237,20 @@ def worker_main(job: Job, out) -> None:
                     "shrunk": True,
                 }))
                 return
-            except Exception as e:  # anything else escaping the target is a crash (SPEC 5)
+            except TargetCrash as e:  # the target raised outside a compared call (SPEC 5)
                 send_stats(force=True)
                 out.put(("failure", job.wid, {
                     "outcome": trace_mod.CRASH,
-                    "message": f"{type(e).__name__}: {e}",
+                    "message": str(e),
                     "config": journal.config,
                     "steps": [x.to_json() for x in journal.steps],
                     "shrunk": True,
                 }))
+                return
+            except Exception as e:  # the harness's own code raised: never a corpus trace
+                send_stats(force=True)
+                tb = e.traceback if isinstance(e, HarnessError) else "".join(traceback.format_exception(e))
+                out.put(("harness_error", job.wid, {"message": f"{type(e).__name__}: {e}", "traceback": tb}))
                 return
             done_examples += size
             batch += 1
@@ -263,13 +274,29 @@ class Failure:
 
 
 @dataclass
+class HarnessFailure:
+    """The harness's own code raised in a worker: a bug here, reported with its traceback."""
+
+    wid: int
+    message: str
+    traceback: str
+
+
+@dataclass
 class Result:
     steps: int = 0
+    compared: int = 0  # steps whose every call's result and state were compared
+    restarted: int = 0  # runs ended after a call the model cannot follow
     examples: int = 0
     labels: set = field(default_factory=set)
     known: int = 0
     failures: list[Failure] = field(default_factory=list)
+    harness_errors: list[HarnessFailure] = field(default_factory=list)
     elapsed: float = 0.0
+
+    @property
+    def compared_fraction(self) -> float:
+        return self.compared / self.steps if self.steps else 1.0
 
 
 def _labels_file(db: str) -> Path:
@@ -310,6 +337,7 @@ def run_campaign(
     corpus: str = "fuzz/corpus",
     progress=None,
     on_failure=None,
+    on_harness_error=None,
 ) -> Result:
     """Run workers until the budget is spent; save each failure's trace into `corpus`."""
     ctx = mp.get_context("spawn")
@@ -318,7 +346,7 @@ def run_campaign(
     ready: dict[int, float] = {}
     per = None if examples is None else -(-examples // workers)
     procs = {}
-    stats: dict[int, tuple[int, int, list]] = {}
+    stats: dict[int, tuple[dict, list]] = {}
     done: set[int] = set()
     result = Result()
     try:
@@ -333,7 +361,12 @@ def run_campaign(
             if kind == "ready":
                 ready[wid] = msg[2]
             elif kind == "stats":
-                stats[wid] = (msg[2], msg[3], msg[4])
+                stats[wid] = (msg[2], msg[3])
+            elif kind == "harness_error":
+                h = HarnessFailure(wid, msg[2]["message"], msg[2]["traceback"])
+                result.harness_errors.append(h)
+                if on_harness_error is not None:
+                    on_harness_error(h)
             elif kind == "done":
                 done.add(wid)
             elif kind == "failure":
@@ -394,9 +427,11 @@ def run_campaign(
 def _sum(result: Result, stats: dict, ready: dict) -> None:
     """Totals over the workers; elapsed runs from the first worker ready, so steps/s
     measures fuzzing, not process start-up."""
-    result.steps = sum(s[0] for s in stats.values())
-    result.examples = sum(s[1] for s in stats.values())
-    result.labels = set().union(*[set(s[2]) for s in stats.values()]) if stats else set()
+    result.steps = sum(s[0]["steps"] for s in stats.values())
+    result.compared = sum(s[0]["compared"] for s in stats.values())
+    result.restarted = sum(s[0]["restarted"] for s in stats.values())
+    result.examples = sum(s[0]["examples"] for s in stats.values())
+    result.labels = set().union(*[set(s[1]) for s in stats.values()]) if stats else set()
     result.elapsed = time.time() - min(ready.values()) if ready else 0.0
 
 

@@ -5,6 +5,8 @@ Exit codes (every subcommand):
   1  a failure: the campaign found one, or a trace's outcome differs from what it expects
   2  bad input: unknown target, bad budget or device, unreadable corpus, malformed trace;
      one line on stderr names the input and says what would be accepted
+  3  harness error: the harness's own code (model, driver, observation) raised; its
+     traceback is printed on stderr and nothing is saved to the corpus
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ import sys
 import time
 from pathlib import Path
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_HARNESS_ERROR = 0, 1, 2, 3
 DEFAULT_SECONDS = 20.0
 DEFAULT_CORPUS = Path(__file__).resolve().parent / "corpus"
 DEFAULT_DB = ".hypothesis/fuzz-db"
+HARNESS_ERROR = "harness error"  # a replay's outcome when the harness itself raised
 
 
 class BadInput(Exception):
@@ -154,9 +157,11 @@ def check_corpus_dir(path: str, create: bool) -> Path:
 def _progress(result) -> None:
     rate = result.steps / result.elapsed if result.elapsed else 0.0
     line = (
-        f"[{result.elapsed:6.1f}s] {result.steps} steps ({rate:.0f}/s), {result.examples} examples, "
-        f"{len(result.labels)} labels, {len(result.failures)} failures"
+        f"[{result.elapsed:6.1f}s] {result.steps} steps ({rate:.0f}/s, {100 * result.compared_fraction:.1f}% compared), "
+        f"{result.examples} examples, {len(result.labels)} labels, {len(result.failures)} failures"
     )
+    if result.harness_errors:
+        line += f", {len(result.harness_errors)} harness errors"
     if sys.stderr.isatty():
         sys.stderr.write("\r\x1b[2K" + line)
     else:
@@ -187,6 +192,14 @@ def _print_failure(f, target: str, device: str) -> None:
     sys.stdout.flush()
 
 
+def _print_harness_error(h) -> None:
+    if sys.stderr.isatty():
+        sys.stderr.write("\n")
+    print(f"HARNESS ERROR in worker {h.wid} (a bug in swa-lockstep, not in the target; nothing saved): {h.message}", file=sys.stderr)
+    sys.stderr.write(h.traceback)
+    sys.stderr.flush()
+
+
 def cmd_run(args) -> int:
     from fuzz import campaign
 
@@ -205,15 +218,21 @@ def cmd_run(args) -> int:
     result = campaign.run_campaign(
         args.target, args.device, args.seconds, args.examples, seed, args.workers, args.db, args.corpus,
         progress=_progress, on_failure=lambda f: _print_failure(f, args.target, args.device),
+        on_harness_error=_print_harness_error,
     )
     if sys.stderr.isatty():
         sys.stderr.write("\n")
     rate = result.steps / result.elapsed if result.elapsed else 0.0
     print(
         f"summary: {result.steps} steps in {result.elapsed:.1f} s ({rate:.0f} steps/s), {result.examples} examples, "
-        f"labels reached {len(result.labels)} of {result.known} known, failures {len(result.failures)}"
+        f"{result.compared} steps compared with the model ({100 * result.compared_fraction:.1f}%; "
+        f"{result.restarted} runs restarted after a call the model cannot follow), "
+        f"labels reached {len(result.labels)} of {result.known} known, failures {len(result.failures)}, "
+        f"harness errors {len(result.harness_errors)}"
         f" (seed {seed}; rerun: python -m fuzz run --target {args.target} --seed {seed})"
     )
+    if result.harness_errors:
+        return EXIT_HARNESS_ERROR
     return EXIT_FAILED if result.failures else EXIT_OK
 
 
@@ -233,9 +252,14 @@ def _replay_one(path: str, target_spec: str | None, device: str):
     """Runs in a child process, so a target that kills its process only loses this trace."""
     from fuzz import campaign, trace as trace_mod
 
+    from properties.lockstep import HarnessError
+
     t = trace_mod.load(path)
     spec = target_spec or t.own_target
-    out = trace_mod.run(t, campaign.resolve(spec), device)
+    try:
+        out = trace_mod.run(t, campaign.resolve(spec), device)
+    except HarnessError as e:
+        return spec, HARNESS_ERROR, f"{e}\n{e.traceback}"
     return spec, out.outcome, out.message
 
 
@@ -264,7 +288,7 @@ def cmd_replay(args) -> int:
             except BadInput as e:
                 raise BadInput(f"{f}: the trace's own target cannot be resolved ({e}); pass --target") from None
     check_device(args.device)
-    mismatches = 0
+    mismatches = harness_errors = 0
     pool = None
     try:
         for f in files:
@@ -287,7 +311,11 @@ def cmd_replay(args) -> int:
                 # for the next trace.
                 pool.shutdown(wait=False)
                 pool = None
-            if got == want:
+            if got == HARNESS_ERROR:
+                harness_errors += 1
+                print(f"HARNESS ERROR  {f}  ({spec}; a bug in swa-lockstep, not in the target)")
+                sys.stderr.write(message)
+            elif got == want:
                 print(f"ok        {f}  ({spec}: {got})")
             else:
                 mismatches += 1
@@ -298,6 +326,8 @@ def cmd_replay(args) -> int:
     finally:
         if pool is not None:
             pool.shutdown()
+    if harness_errors:
+        return EXIT_HARNESS_ERROR
     return EXIT_FAILED if mismatches else EXIT_OK
 
 

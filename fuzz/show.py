@@ -589,8 +589,6 @@ class _Run:
 
     def close(self) -> None:
         """The closing census, as replay runs it, without moving the driver's counters."""
-        if self.ls.tainted:
-            return
         v = self.ls.census_violations()
         if v:
             n = len(self.trace.steps)
@@ -665,8 +663,8 @@ def show(trace: trace_mod.Trace, factory, target: str, device: str = "cpu", step
         # A target that crashed may not answer any more; the crash is the outcome.
         result.unreadable = f"the target's state cannot be read after its crash ({type(e).__name__}: {e})"
         return result
-    if run.ls is not None and run.ls.tainted:
-        result.at.notes.append(f"the run compares nothing after {run.ls.tainted}")
+    if run.ls is not None and run.ls.restarted_because:
+        result.at.notes.append(f"the run restarted on a fresh allocator and model after {run.ls.restarted_because}")
     if run.crash:
         result.at.notes.append(f"the target crashed: {run.crash}")
     if step is not None and run.failed_at is None:

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from properties.lockstep import CONFIG_KEYS, LEVELS, LockstepFailure, asserts_kill, check_config, replay
+from impl.config import ConfigError
+from properties.lockstep import CONFIG_KEYS, HarnessError, LockstepFailure, TargetCrash, asserts_kill, check_config, replay
 from properties.steps import Step, StepFormatError, step_from_json
 from reference import names
 
@@ -96,32 +97,13 @@ class Trace:
 
 
 def _check_config(path, cfg: Any) -> dict:
+    """The one configuration schema (impl.config), through the driver's defaults."""
     if not isinstance(cfg, dict):
         raise TraceError(path, f"must be an object of configuration keys, got {type(cfg).__name__}", field="config")
-    for key in cfg:
-        if key not in CONFIG_KEYS:
-            raise TraceError(path, f"unknown configuration key; known: {', '.join(CONFIG_KEYS)}", field=f"config.{key}")
-    for key in ("kind", "size", "size_swa", "page_size"):
-        if key not in cfg:
-            raise TraceError(path, "missing; a trace's configuration needs kind, size, size_swa and page_size", field=f"config.{key}")
-    if cfg["kind"] not in ("hybrid", "pure_swa"):
-        raise TraceError(path, f"must be 'hybrid' or 'pure_swa', got {cfg['kind']!r}", field="config.kind")
-    for key in ("size", "size_swa", "page_size", "ring_size", "req_slots"):
-        v = cfg.get(key)
-        if v is None and key in ("ring_size", "req_slots"):
-            continue
-        if isinstance(v, bool) or not isinstance(v, int) or v < (1 if key in ("page_size", "ring_size") else 0):
-            raise TraceError(path, f"must be a non-negative integer{' >= 1' if key in ('page_size', 'ring_size') else ''}, got {v!r}", field=f"config.{key}")
-    if "need_sort" in cfg and not isinstance(cfg["need_sort"], bool):
-        raise TraceError(path, f"must be true or false, got {cfg['need_sort']!r}", field="config.need_sort")
-    if "check_level" in cfg and cfg["check_level"] not in LEVELS:
-        raise TraceError(path, f"must be one of {', '.join(LEVELS)}, got {cfg['check_level']!r}", field="config.check_level")
-    if "device" in cfg and not isinstance(cfg["device"], str):
-        raise TraceError(path, f"must be a device name such as 'cpu', got {cfg['device']!r}", field="config.device")
     try:
         return check_config(cfg)
-    except ValueError as e:
-        raise TraceError(path, str(e), field="config") from None
+    except ConfigError as e:
+        raise TraceError(path, str(e).split(": ", 1)[1], field=f"config.{e.field}") from None
 
 
 def from_json(data: Any, path: str | os.PathLike = "<trace>") -> Trace:
@@ -244,8 +226,9 @@ def run(trace: Trace, target, device: str = "cpu") -> Outcome:
         raise TraceError(trace.path or trace.name, str(e).split(": ", 1)[1], index=index, field=e.field) from None
     except NotImplementedError as e:
         return Outcome(UNSUPPORTED, f"the target does not build this configuration: {e}")
-    except Exception as e:  # any escape from the target is a crash, as on a server
-        return Outcome(CRASH, f"{type(e).__name__}: {e}", guard_refusals=_refusals(seen))
+    except TargetCrash as e:  # the target raised outside a compared call, as on a server
+        return Outcome(CRASH, str(e), guard_refusals=_refusals(seen))
+    # HarnessError propagates: a bug in the harness is not the trace's outcome.
     return Outcome(PASS, "", ls.steps_run, list(ls.guard_refusals))
 
 

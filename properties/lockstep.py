@@ -9,12 +9,17 @@ and the state the call touched. A full census (every page, every peer) runs ever
 
 from __future__ import annotations
 
+import contextlib
+import os
+import traceback
 import types
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
+from impl import config as config_schema
 from properties import observe
 from properties.steps import (
     NEW, PAGE_ID_BREAKS, Admit, AdmitTail, Break, CacheFree, Clear, Decode, DropTail, Empty, Evict,
@@ -42,11 +47,69 @@ def runs_of(slots: list[int], pred) -> list[tuple[int, int]]:
     return out
 
 
-CONFIG_KEYS = (
-    "kind", "size", "size_swa", "page_size", "device", "need_sort", "ring_size", "req_slots", "check_level",
-    "debug_memory_pool",
-)
-LEVELS = ("off", "warn", "strict")
+CONFIG_KEYS = config_schema.KEYS
+LEVELS = config_schema.LEVELS
+_HARNESS_DIRS = tuple(str(Path(__file__).resolve().parent.parent / d) + os.sep for d in ("properties", "reference", "fuzz"))
+
+
+class TargetCrash(Exception):
+    """The target raised where the harness did not call it to be refused: building it,
+    or reading its state. `original` is what it raised."""
+
+    def __init__(self, what: str, original: BaseException):
+        self.original = original
+        super().__init__(f"the target raised {type(original).__name__} while {what}: {original}")
+
+
+class HarnessError(Exception):
+    """The harness's own code (model, driver, observation) raised: a bug here, not in the
+    target. `traceback` is the formatted traceback of the original exception."""
+
+    def __init__(self, where: str, original: BaseException):
+        self.original = original
+        self.traceback = "".join(traceback.format_exception(original))
+        super().__init__(f"harness error at {where}: {type(original).__name__}: {original}")
+
+
+def raised_in_harness(exc: BaseException) -> bool:
+    """Whether the innermost frame that raised `exc` is the harness's own code."""
+    tb = exc.__traceback__
+    if tb is None:
+        return True
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_HARNESS_DIRS)
+
+
+class Observer:
+    """Watches every Lockstep driver built while it is registered (`observing`): a
+    campaign journals and counts steps through it. Methods are called with the driver."""
+
+    def started(self, ls: "Lockstep") -> None:
+        """A driver was built (once per example; a restart inside it is not a new start)."""
+
+    def before_step(self, ls: "Lockstep", step: Step) -> None:
+        """A step is about to run (it is already in `ls.trace`)."""
+
+    def after_step(self, ls: "Lockstep", step: Step) -> None:
+        """A step ended: it ran, failed, or restarted the run."""
+
+
+_OBSERVERS: list[Observer] = []
+
+
+@contextlib.contextmanager
+def observing(observer: Observer):
+    """Register `observer` for every driver built and every step run inside the block."""
+    _OBSERVERS.append(observer)
+    try:
+        yield observer
+    finally:
+        _OBSERVERS.remove(observer)
+
+
+class _Unchecked(Exception):
+    """A call whose effect the model cannot predict ran: the run ends after it."""
 
 
 class LockstepFailure(AssertionError):
@@ -96,27 +159,19 @@ def asserts_kill(device) -> bool:
     return torch.device(device).type == "cuda"
 
 
+def target_config(cfg: dict) -> dict:
+    """What a target's factory is handed: the keys of SPEC 4.3, and the keys beyond
+    them only where they differ from their defaults, so a factory written before
+    those keys existed builds every configuration that does not need them."""
+    return {k: v for k, v in cfg.items() if k in config_schema.SPEC_KEYS or v != config_schema.DEFAULTS.get(k)}
+
+
 def check_config(config: dict) -> dict:
-    """A complete, validated configuration (SPEC 4.3); ValueError names a bad key."""
-    # debug_memory_pool gets no default here: a target is handed the key only when
-    # a configuration sets it (absent means off), so factories that predate it work.
-    cfg = {"device": "cpu", "need_sort": False, "ring_size": None, "req_slots": None, "check_level": "strict"}
-    cfg.update(config)
-    unknown = set(cfg) - set(CONFIG_KEYS) - {"backend", "layout"}
-    if unknown:
-        raise ValueError(f"unknown config key {sorted(unknown)[0]!r}; known: {', '.join(CONFIG_KEYS)}")
-    if cfg.get("kind") not in ("hybrid", "pure_swa"):
-        raise ValueError(f"config key 'kind' must be 'hybrid' or 'pure_swa', got {cfg.get('kind')!r}")
-    for key in ("size", "size_swa", "page_size"):
-        v = cfg.get(key)
-        if isinstance(v, bool) or not isinstance(v, int) or v < (1 if key == "page_size" else 0):
-            raise ValueError(f"config key {key!r} must be a non-negative integer (page_size >= 1), got {v!r}")
-    if cfg["check_level"] not in LEVELS:
-        raise ValueError(f"config key 'check_level' must be one of {', '.join(LEVELS)}, got {cfg['check_level']!r}")
-    if not isinstance(cfg.get("debug_memory_pool", False), bool):
-        raise ValueError(f"config key 'debug_memory_pool' must be true or false, got {cfg['debug_memory_pool']!r}")
-    if cfg["ring_size"] is not None and not isinstance(cfg["req_slots"], int):
-        raise ValueError("config key 'req_slots' must be an integer when 'ring_size' is set")
+    """A complete, validated configuration (SPEC 4.3, `impl.config`); ConfigError (a
+    ValueError) names the bad key. The driver needs a level: strict unless one is given."""
+    cfg = config_schema.validate(config)
+    if cfg["check_level"] is None:
+        cfg["check_level"] = "strict"
     return cfg
 
 
@@ -152,6 +207,15 @@ class _Row:
             self.buf[lo:].fill_(0)
 
 
+# SPEC 2.1: what each guard does when its contract is broken, by level (the bucket x
+# level matrix). swa.peer_mapped is FATAL_UNCONTAINABLE, swa.peer_released GUARD; at
+# off nothing is evaluated, so nothing is counted either.
+GUARD_REACTIONS = {
+    names.PEER_MAPPED: {"off": "silent", "warn": "crash", "strict": "crash"},
+    names.PEER_RELEASED: {"off": "silent", "warn": "count", "strict": "crash"},
+}
+
+
 @dataclass
 class _Retracted:
     """A retracted request: its host copy, and what it must read once resumed."""
@@ -172,7 +236,7 @@ def bucket(n: int) -> str:
 class _Reaction:
     """What the target must do with one call, from the contract and the level."""
 
-    kind: str  # "run": legal; "raise": clear error, state unchanged; "count"/"silent": accepted
+    kind: str  # "run": legal; "raise": refused, state unchanged; "skip": not sent; "count"/"silent": accepted
     contract: Contract | None = None
 
 
@@ -187,17 +251,25 @@ def _expected(contract: Contract | None, level: str, debug: bool = False) -> _Re
         return _Reaction("raise", contract)
     if contract.reaction == names.UNNOTICED:
         return _Reaction("skip", contract)
-    # The guards (SPEC 2.1): swa.peer_mapped is FATAL_UNCONTAINABLE, swa.peer_released GUARD.
-    if level == "off":
-        return _Reaction("silent", contract)
-    if level == "warn" and contract.reaction == names.PEER_RELEASED:
-        return _Reaction("count", contract)
-    return _Reaction("raise", contract)
+    guard = GUARD_REACTIONS[contract.reaction][level]
+    return _Reaction("raise" if guard == "crash" else guard, contract)
+
+
+def _guard_wants(contract: Contract | None, level: str) -> dict[str, str]:
+    """Each guard's owed reaction to one call: its own contract's entry, silent otherwise."""
+    return {g: GUARD_REACTIONS[g][level] if contract is not None and contract.reaction == g else "silent" for g in names.GUARDS}
 
 
 @dataclass
 class Lockstep:
-    """Runs steps on a model and a target allocator in lockstep."""
+    """Runs steps on a model and a target allocator in lockstep.
+
+    A call whose effect the model cannot follow (a broken contract the target accepted
+    and then ran on, e.g. swa.peer_mapped at level off) ends its run: the state is
+    censused before the call, and after it the driver builds a fresh model and target
+    and goes on, so every later step is still compared. `counters()` says how many
+    steps ran, how many were compared, and how many runs were restarted.
+    """
 
     config: dict
     target: object  # make(config) -> allocator
@@ -219,24 +291,45 @@ class Lockstep:
     def __post_init__(self):
         self.config = check_config(self.config)
         c = self.config
-        self.alloc = self.target(dict(c))
-        self.model = Model(c["kind"], c["size"], c["size_swa"], c["page_size"], c["need_sort"], c["ring_size"], c["req_slots"])
         self.ps = c["page_size"]
         self.level = c["check_level"]
-        self.debug = c.get("debug_memory_pool", False)
-        self.device = self.alloc.full_to_swa_index_mapping.device
+        self.debug = c["debug_memory_pool"]
         if self.skip_device_asserts is None:
             self.skip_device_asserts = asserts_kill(c["device"])
-        self.tags = observe.Tags(self.alloc)
-        self.ghosts: dict[int, list[int]] = {}
         self.index = -1
         self.step: Step | None = None
-        self.tainted: str | None = None
         self.steps_run = 0
+        self.steps_compared = 0
+        self.runs_restarted = 0
+        self.restarted_because: str | None = None
         self.trace: list[Step] = []
         # Steps at which a guard refused a call at strict (a dead process on CUDA).
         self.guard_refusals: list[int] = []
+        self._build()
+        for o in _OBSERVERS:
+            o.started(self)
         self.census()
+
+    def _build(self) -> None:
+        """A fresh target and model for the configuration, with no requests."""
+        c = self.config
+        try:
+            self.alloc = self.target(target_config(c))
+        except NotImplementedError:
+            raise  # SPEC 4.3: a configuration the target does not build
+        except Exception as e:
+            raise TargetCrash(f"building the allocator for {c}", e) from e
+        self.model = Model(c["kind"], c["size"], c["size_swa"], c["page_size"], c["need_sort"], c["ring_size"], c["req_slots"])
+        self.device = self.alloc.full_to_swa_index_mapping.device
+        self.tags = observe.Tags(self.alloc)
+        self.rows = {}
+        self.ghosts: dict[int, list[int]] = {}
+        self.cache, self.locks, self.retracted = {}, Counter(), {}
+
+    def counters(self) -> dict[str, int]:
+        """Steps run, steps whose every call was compared with the model, runs restarted
+        after a call the model could not follow."""
+        return {"steps_run": self.steps_run, "steps_compared": self.steps_compared, "runs_restarted": self.runs_restarted}
 
     # ----------------------------------------------------------- plumbing
     def _fail(self, violations: list[Violation] | Violation) -> None:
@@ -268,6 +361,30 @@ class Lockstep:
             raise StepFormatError(field_name, f"request {rid} is not live")
         return row
 
+    def _check_guards(self, what: str, contract: Contract | None, exc: Exception | None, before, after) -> None:
+        """Each guard crashed, counted or stayed silent exactly as owed (SPEC 2.1, 3.3)."""
+        wants = _guard_wants(contract, self.level)
+        named = getattr(exc, "invariant", None)
+        on = f"on the legal call {what}" if contract is None else f"on {what}, which breaks {contract}"
+        for g, want in wants.items():
+            counted = None if before is None or after is None else after.get(g, 0) - before.get(g, 0)
+            if named == g:
+                got = "crash"
+            elif counted:
+                got = "count"
+            elif counted is None and want == "count":
+                continue  # SPEC 4.3: a target without invariant_hits() is not compared on counts
+            elif want == "crash" and exc is not None and named is None:
+                # An error naming no invariant (a device assert names none) stands for
+                # the guard's crash; _check_unchanged then makes sure it changed nothing.
+                got = "crash"
+            else:
+                got = "silent"
+            if got != want:
+                said = {"crash": "crashed", "count": f"counted {counted} hits", "silent": "stayed silent"}[got]
+                evaluated = " (at off a guard is not even evaluated)" if self.level == "off" and got != "silent" else ""
+                self._fail(Violation(g, f"{g} {said} at level {self.level} {on}; it must {want} there{evaluated}"))
+
     def _invoke(self, what: str, fn, contract: Contract | None):
         """Run one call as its contract and the level require; returns (ran, result)."""
         reaction = _expected(contract, self.level, self.debug)
@@ -275,10 +392,15 @@ class Lockstep:
             self.labels[f"not sent where a guard kills the process: {contract.name}"] += 1
             return False, None
         if reaction.kind == "skip":
-            self.labels[f"contract broken: {contract.name}"] += 1
+            # SPEC 3.2: a break the allocator need not notice is never sent.
+            if isinstance(self.step, Break):
+                self.labels[f"contract break not sent: {self.step.kind} ({contract.name})"] += 1
+            else:
+                self.labels[f"workload step breaks a contract, not sent: {contract.name}"] += 1
             return False, None
-        if reaction.kind == "raise":
-            # Whatever is already wrong is named now, not blamed on the refusal below.
+        if reaction.kind != "run":
+            # Whatever is already wrong is named now, not blamed on the break below, and
+            # a break the model may not follow leaves a checked state behind it.
             self._fail(self.census_violations())
         before = observe.hits(self.alloc)
         try:
@@ -286,53 +408,39 @@ class Lockstep:
         except Exception as e:  # a target's error is data here, compared below
             result, exc = None, e
         after = observe.hits(self.alloc)
-        if exc is not None and reaction.kind in ("count", "silent"):
-            # The allocator accepted a broken contract and then failed on what it let in.
-            self.labels[f"guard {reaction.kind}: {contract.reaction}"] += 1
-            self.tainted = f"step {self.index}: {contract} accepted at level {self.level}, then {type(exc).__name__}"
-            return False, None
-        if exc is not None and reaction.kind != "raise":
-            inv = getattr(exc, "invariant", None) or "crash"
-            detail = f"{what} raised {type(exc).__name__}: {exc}"
-            if contract is None:
-                detail += " on a legal call"
-            self._fail(Violation(inv, detail))
-        if exc is None and reaction.kind == "raise":
-            inv = contract.reaction if contract.reaction in names.GUARDS else f"contract.{contract.name}"
-            self._fail(Violation(inv, f"{what} returned normally, but {contract} must raise at level {self.level}"))
-        if exc is not None:
-            named = getattr(exc, "invariant", None)
-            if contract.reaction in names.GUARDS and named not in (None, contract.reaction):
-                self._fail(Violation(contract.reaction, f"{what} raised for {named}, want {contract.reaction}"))
-        if before is not None and after is not None:
-            for g in names.GUARDS:
-                fired = after.get(g, 0) > before.get(g, 0)
-                should = reaction.kind == "count" and contract.reaction == g
-                if fired and not should and reaction.kind != "raise":
-                    self._fail(Violation(g, f"{what} counted {after.get(g, 0) - before.get(g, 0)} hits of {g} on a call that keeps the contract" if contract is None else f"{what} counted {g} for {contract}"))
-                if should and not fired:
-                    self._fail(Violation(g, f"{what} counted no hit of {g} at level warn for {contract}"))
+        self._check_guards(what, contract, exc, before, after)
+        named = getattr(exc, "invariant", None)
+        if reaction.kind == "run":
+            if exc is not None:
+                self._fail(Violation(named or "crash", f"{what} raised {type(exc).__name__}: {exc} on a legal call"))
+            return True, result
         if reaction.kind == "raise":
-            self.labels[f"contract refused: {contract.name}"] += 1
-            # A guard owes the refusal: an error that is not the guard's (it names no
-            # invariant, as a device assert does not) counts only if nothing changed.
+            if exc is None:
+                self._fail(Violation(f"contract.{contract.name}", f"{what} returned normally, but {contract} must raise at level {self.level}"))
             guard = contract.reaction if contract.reaction in names.GUARDS else None
-            blame = guard if guard and getattr(exc, "invariant", None) != guard else names.ATOMIC
+            if named is not None and named != guard:
+                self._fail(Violation(named, f"{what} raised for {named}; {contract} must be refused with a clear error"))
+            # A guard owes the refusal: an error that is not the guard's is accepted
+            # only if nothing changed, and is blamed on the guard if something did.
+            blame = guard if guard and named != guard else names.ATOMIC
             self._check_unchanged(what, blame, exc)
             if guard:
                 self.guard_refusals.append(self.index)
+            self.labels[f"contract refused: {contract.name}"] += 1
             return False, None
-        if reaction.kind in ("count", "silent"):
-            self.labels[f"guard {reaction.kind}: {contract.reaction}"] += 1
-            if contract.reaction == names.PEER_RELEASED:
-                # Tolerated, as production runs at warn: the model strands the peers
-                # and the run goes on (a later call must cope with the stale entries).
-                return True, _TOLERATED
-            # swa.peer_mapped accepted at off hands out the padding slot: from here on
-            # the state is the caller's fault, so this run compares nothing more.
-            self.tainted = f"step {self.index}: {contract} accepted at level {self.level}"
-            return False, None
-        return True, result
+        # Accepted (count or silent), as the level owes.
+        if exc is not None:
+            # The allocator let the break in and then failed on it: from here the state
+            # is the caller's fault, so this run ends (checked up to the call).
+            self.labels[f"guard {reaction.kind}, then the target raised: {contract.reaction}"] += 1
+            raise _Unchecked(f"{contract} accepted at level {self.level}, then {type(exc).__name__}: {exc}")
+        self.labels[f"guard {reaction.kind}: {contract.reaction}"] += 1
+        if contract.reaction == names.PEER_RELEASED:
+            # Tolerated, as production runs at warn: the model strands the peers and
+            # the run goes on (a later call must cope with the stale entries).
+            return True, _TOLERATED
+        # swa.peer_mapped accepted hands out the padding slot: the model cannot follow.
+        raise _Unchecked(f"{contract} accepted at level {self.level}")
 
     def _check_unchanged(self, what: str, blame: str, exc: Exception) -> None:
         v = self.census_violations()  # sizes included
@@ -398,16 +506,48 @@ class Lockstep:
 
     # ------------------------------------------------------------- public
     def run(self, step: Step) -> None:
-        """Run one step; raises LockstepFailure on a divergence, StepFormatError on a bad step."""
-        if self.tainted:
-            return
+        """Run one step. Raises LockstepFailure on a divergence, StepFormatError on a step
+        that cannot apply, TargetCrash when the target raises outside a call the harness
+        compares, HarnessError when the harness's own code raises."""
         self.index += 1
         self.step = step
         self.trace.append(step)
-        getattr(self, "_" + step.op)(step)
-        self.steps_run += 1
-        if not self.tainted and self.census_every and self.index % self.census_every == self.census_every - 1:
-            self.census()
+        for o in _OBSERVERS:
+            o.before_step(self, step)
+        try:
+            try:
+                getattr(self, "_" + step.op)(step)
+            except _Unchecked as e:
+                self.steps_run += 1
+                self._restart(str(e))
+                return
+            except (LockstepFailure, StepFormatError, TargetCrash, HarnessError):
+                raise
+            except Exception as e:
+                if raised_in_harness(e):
+                    raise HarnessError(f"step {self.index}: {step!r}", e) from e
+                raise TargetCrash(f"step {self.index} ran {step!r}", e) from e
+            self.steps_run += 1
+            self.steps_compared += 1
+            if self.census_every and self.index % self.census_every == self.census_every - 1:
+                self.census()
+        finally:
+            for o in _OBSERVERS:
+                o.after_step(self, step)
+
+    def _restart(self, why: str) -> None:
+        """End the run after a call the model cannot follow: a fresh target and model."""
+        self.runs_restarted += 1
+        self.labels["run restarted after an unchecked call"] += 1
+        self.restarted_because = f"step {self.index}: {why}"
+        self._build()
+        self.census()
+
+    def close(self) -> None:
+        """The closing census, after the last step."""
+        self.index += 1
+        self.step = None
+        self.census()
 
     def census_violations(self) -> list[Violation]:
         a = self.alloc
@@ -426,9 +566,13 @@ class Lockstep:
         return v
 
     def census(self) -> None:
-        if self.tainted:
-            return
-        self._fail(self.census_violations())
+        try:
+            v = self.census_violations()
+        except Exception as e:
+            if raised_in_harness(e):
+                raise HarnessError("the census", e) from e
+            raise TargetCrash("the census read its state", e) from e
+        self._fail(v)
 
     # --------------------------------------------------------------- allocs
     def _alloc_rows(self, what: str, batch: list[tuple[int, int, int]], new: bool, tags: bool = True) -> list[int] | None:
@@ -474,6 +618,12 @@ class Lockstep:
             if not ran:
                 return None
             self._check_index_tensor(call, res, sum(seq) - sum(prefix))
+            if what == "decode":
+                label, n = "decode onto a new page", sum(1 for s in seq if (s - 1) % self.ps == 0)
+            else:
+                label, n = "extend from a prefix inside a page", sum(1 for p in prefix if p % self.ps)
+            if n:
+                self.labels[label] += n
             full = None if res is None else res.tolist()
             swa = None if full is None or self.ring else observe.peers(a, full)
             check = m.alloc_decode(seq, last, full, swa, rids) if what == "decode" else m.alloc_extend(prefix, seq, last, full, swa, rids)
@@ -583,8 +733,6 @@ class Lockstep:
                 raise StepFormatError("reqs", f"entry {i}: add {n} must be >= 1")
             L = len(self._row(r, "reqs").slots)
             batch.append((r, L, L + n))
-            if L % self.ps:
-                self.labels["extend from a prefix inside a page"] += 1
         self._alloc_rows("extend", batch, new=False)
 
     def _decode(self, step: Decode) -> None:
@@ -592,8 +740,6 @@ class Lockstep:
         for r in step.rids:
             L = len(self._row(r, "rids").slots)
             batch.append((r, L, L + 1))
-            if L % self.ps == 0 and self.ps > 1:
-                self.labels["decode onto a new page"] += 1
         self._alloc_rows("decode", batch, new=False)
 
     def _admit_tail(self, step: AdmitTail) -> None:
@@ -704,7 +850,7 @@ class Lockstep:
         full = row.slots[lo : lo + n]
         contract = m.classify_repair(full)
         if contract is not None:
-            raise StepFormatError("lo", f"positions {lo}..{lo + n - 1} of request {step.rid} cannot be re-paired: {contract}")
+            raise StepFormatError("lo", f"positions {lo}..{lo + n - 1} of request {step.rid} cannot be re-paired: {contract.detail}")
         pages = layout.pages_spanned(off + n, self.ps)
         ran, res = self._invoke(f"swa_attn_allocator.alloc({pages * self.ps})", lambda: a.swa_attn_allocator.alloc(pages * self.ps), None)
         self._check_index_tensor("swa_attn_allocator.alloc", res, pages * self.ps)
@@ -745,18 +891,21 @@ class Lockstep:
             return [("free", lo, hi)] if hi > lo else []
         return runs
 
-    def _release(self, rid: int, lo: int, hi: int, how: str) -> bool:
-        """Release positions lo..hi-1 of row rid as `how` says; True when all ran."""
+    def _release(self, rid: int, lo: int, hi: int, how: str) -> set[str] | None:
+        """Release positions lo..hi-1 of row rid as `how` says; the calls that ran, or
+        None when one did not."""
         row = self._holder(rid)
         if how == "segments" and self.ps > 1 and not self.pure:
             segs = [(row.slots[a : min(a + self.ps, hi)], a) for a in range(lo, hi, self.ps)]
-            return not segs or self._free_segments(rid, segs)
+            return {"free_segments"} if not segs or self._free_segments(rid, segs) else None
+        ran = set()
         for call, a, b in self._release_runs(row, lo, hi, how):
             if how == "full_segments" and call == "free_full" and not self.pure:
                 call = "free_full_segment"
             if not self._free_call(call, rid, a, b, start_pos=a if call.endswith("_segment") else None):
-                return False
-        return True
+                return None
+            ran.add(call)
+        return ran
 
     def _finish(self, step: Finish) -> None:
         row = self._row(step.rid)
@@ -764,9 +913,23 @@ class Lockstep:
         if step.how == "cache":
             self._finish_into_cache(step.rid)
             return
-        if not self._release(step.rid, row.shared, L, step.how):
+        evicted = self.pure and RELEASED in row.slots
+        calls = self._release(step.rid, row.shared, L, step.how)
+        if calls is None:
             return
-        self.labels[f"finished by {step.how}"] += 1
+        # The label names the calls that ran: a "free" finish at page size 1 of a
+        # row with evicted positions is a split, a pure SWA row has no full side.
+        if evicted:
+            how = "frees of the unevicted runs"
+        elif calls == {"free"}:
+            how = "free"
+        elif calls == {"free_segments"}:
+            how = "segments"
+        elif "free" in calls:
+            how = "split" + (" with free_full_segment" if "free_full_segment" in calls else "")
+        else:
+            how = " and ".join(sorted(calls))  # every page evicted: free_full or free_full_segment
+        self.labels[f"finished by {how}"] += 1
         self._retire(step.rid)
 
     def _finish_into_cache(self, rid: int) -> None:
@@ -1115,9 +1278,8 @@ class Lockstep:
             fn = lambda: a.free(t(slots))
         elif kind == "free_full_paired":
             # A request finished with free_full although some positions keep SWA peers.
-            if self._free_call("free_full", step.rid, row.shared, len(row.slots)) and not self.tainted:
+            if self._free_call("free_full", step.rid, row.shared, len(row.slots)):
                 self._retire(step.rid)
-            self.labels[f"contract break: {kind}"] += 1
             return
         elif kind == "double_free":
             slots = next(iter(self.ghosts.values()), [])[:1]
@@ -1164,7 +1326,6 @@ class Lockstep:
             raise StepFormatError("kind", f"unknown contract break {kind!r}")
         if contract is None:
             raise StepFormatError("kind", f"{kind} keeps the contract in this state (the model sees no break)")
-        self.labels[f"contract break: {kind}"] += 1
         self._invoke(f"{what} ({kind})", fn, contract)
 
 
@@ -1242,7 +1403,6 @@ class Lockstep:
                 raise StepFormatError("kind", "page_ids_free needs a free page")
             pages = [page]
         contract = m.classify_free_page_ids(pages, [])
-        self.labels[f"contract break: {kind}"] += 1
         self._page_ids_call(f"free_page_ids({pages}) ({kind})", pages, [], contract)
 
 
@@ -1261,9 +1421,7 @@ def replay(config: dict, steps: list[Step], target, census_every: int = 16, star
         except StepFormatError as e:
             e.index = i
             raise
-    ls.index += 1
-    ls.step = None
-    ls.census()
+    ls.close()
     return ls
 
 
@@ -1294,7 +1452,9 @@ def minimize(config: dict, steps: list[Step], target, invariant: str, max_replay
                     if e.invariant == invariant:
                         best, failure, changed = candidate, e, True
                         break
-                except Exception:  # a step that no longer applies, or another fault: keep it
+                except HarnessError:
+                    raise  # a bug here, not a shorter trace
+                except Exception:  # a step that no longer applies, or a target crash: keep it
                     pass
             if changed:
                 break

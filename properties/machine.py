@@ -33,10 +33,9 @@ from properties.steps import (
 from properties.targets import Target, resolve
 
 # Every coverage label and every (method, argument shape) cell any run in this
-# process reached, and the workload steps run, for the closing summaries.
+# process reached, for the closing summaries.
 LABELS_SEEN: Counter = Counter()
 SHAPES_SEEN: Counter = Counter()
-STATS: Counter = Counter()
 
 # Page size 1 (the token allocators) is as much code as every paged size together.
 PAGE_SIZES = (1, 1, 1, 1, 2, 4, 8, 16, 64, 256)
@@ -130,14 +129,11 @@ class LockstepMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ helpers
     def _go(self, step: Step) -> None:
-        if self.ls.tainted:
-            return
         # Outside hypothesis (a benchmark driving the rules by hand) there is no one
         # to tell.
         quiet = not currently_in_test_context()
         if not quiet:
             note(f"step {self.ls.index + 1}: {step!r}")
-        STATS["steps"] += 1
         try:
             self.ls.run(step)
         except BaseException:
@@ -158,7 +154,7 @@ class LockstepMachine(RuleBasedStateMachine):
     def _cached_for_step(self, key, compute):
         """State-derived candidates, computed once per driver step: hypothesis asks
         every precondition before each rule, and a scan of the rows is not free."""
-        at = (self.ls.index, self.ls.steps_run)
+        at = (self.ls.index, self.ls.counters()["steps_run"])
         if at != self._memo_at:
             self._memo, self._memo_at = {}, at
         if key not in self._memo:
@@ -625,10 +621,8 @@ class LockstepMachine(RuleBasedStateMachine):
 
     # ----------------------------------------------------------- teardown
     def teardown(self):
-        if self.ls is not None and not self.ls.tainted and not self.failed:
-            self.ls.index += 1
-            self.ls.step = None
-            self.ls.census()
+        if self.ls is not None and not self.failed:
+            self.ls.close()
 
 
 def machine_for(

@@ -57,11 +57,19 @@ def mapping(alloc) -> list[int]:
     return alloc.full_to_swa_index_mapping.tolist()
 
 
+OUTSIDE = -2  # the peer read for a full slot outside the mapping: no real peer is -2
+
+
 def peers(alloc, full_slots: list[int]) -> list[int]:
     if not full_slots:
         return []
     m = alloc.full_to_swa_index_mapping
-    return m[torch.tensor(full_slots, dtype=torch.int64, device=m.device)].tolist()
+    n = m.numel()
+    inside = [f for f in full_slots if 0 <= f < n]
+    got = iter(m[torch.tensor(inside, dtype=torch.int64, device=m.device)].tolist() if inside else [])
+    # A slot the target handed out beyond its own mapping has no peer to read; the
+    # model reports the slot itself (pool.capacity), so the read must not fail here.
+    return [next(got) if 0 <= f < n else OUTSIDE for f in full_slots]
 
 
 def resolve(alloc, full_slots: list[int]) -> dict[str, list[int]]:

@@ -42,8 +42,8 @@ REQUIRED_LABELS = (
     "contract refused: paged.token",
     "contract refused: alloc.paged",
     "contract refused: resize.grow",
-    "contract broken: free.double",
-    "contract broken: free.partial_page",
+    "contract break not sent: double_free (free.double)",
+    "contract break not sent: partial_page (free.partial_page)",
 )
 
 

@@ -349,7 +349,7 @@ def test_every_allocator_reports_invariant_hits():
 def test_factory_layout_key():
     from impl import make_allocator
 
-    with pytest.raises(ValueError, match=r"config\['layout'\]='cuda' is invalid: expected one of \('torch', 'triton'\)"):
+    with pytest.raises(ValueError, match=r"config key 'layout': must be one of 'torch', 'triton', got 'cuda'"):
         make_allocator({"kind": "hybrid", "size": 16, "page_size": 4, "layout": "cuda"})
     a = make_allocator({"kind": "hybrid", "size": 16, "page_size": 4})
     assert a.layout == "torch" and a.full_attn_allocator.layout == "torch"

@@ -45,8 +45,8 @@ LEGAL = [
 def test_legal_segment_and_page_id_workloads_pass(steps, ps, level, debug):
     steps = [s for s in steps if ps > 1 or not isinstance(s, Repair) or s.offset == 0]
     ls = run(*steps, page_size=ps, check_level=level, debug_memory_pool=debug)
-    assert not ls.tainted
-    refused = [k for k in ls.labels if k.startswith(("contract refused", "contract broken"))]
+    assert not ls.counters()["runs_restarted"]
+    refused = [k for k in ls.labels if k.startswith(("contract refused", "contract break", "workload step breaks"))]
     assert not refused, refused
     assert ls.labels["window evicted by segment"] >= 1
     assert ls.labels["freed by page id"] == sum(isinstance(s, FreePages) for s in steps)
@@ -76,17 +76,17 @@ def test_segment_over_a_dead_representative_is_peer_mapped_at_every_level():
     steps = (Admit(((0, 10),)), EvictSegment(0, 0, 8), EvictSegment(0, 4, 10))
     for level in ("strict", "warn"):
         ls = run(*steps, check_level=level)
-        assert ls.labels["contract refused: swa_segment.unpaired_rep"] == 1 and not ls.tainted
+        assert ls.labels["contract refused: swa_segment.unpaired_rep"] == 1 and not ls.counters()["runs_restarted"]
     ls = run(*steps, check_level="off")
-    assert ls.tainted and "accepted at level off" in ls.tainted
+    assert ls.restarted_because and "accepted at level off" in ls.restarted_because
     # Debug mode's own check refuses it where the guard is off.
     ls = run(*steps, check_level="off", debug_memory_pool=True)
-    assert ls.labels["contract refused: swa_segment.unpaired_rep"] == 1 and not ls.tainted
+    assert ls.labels["contract refused: swa_segment.unpaired_rep"] == 1 and not ls.counters()["runs_restarted"]
 
 
 def test_segment_over_a_page_paired_out_of_step_is_refused_only_in_debug_mode():
     steps = (Admit(((0, 8),)), Evict(0, 0, 4), Repair(0, 0, 4, 2), EvictSegment(0, 0, 4))
-    assert run(*steps).labels["contract broken: swa_segment.not_in_step"] == 1
+    assert run(*steps).labels["workload step breaks a contract, not sent: swa_segment.not_in_step"] == 1
     assert run(*steps, debug_memory_pool=True).labels["contract refused: swa_segment.not_in_step"] == 1
 
 
@@ -100,26 +100,29 @@ def test_unaligned_segment_start_is_refused():
 ])
 def test_page_id_breaks_need_not_be_noticed_unless_debug_mode(kind, contract):
     steps = (Admit(((0, 6),)), Break(kind, 0), Finish(0, "free"))
-    assert run(*steps).labels[f"contract broken: {contract}"] == 1
+    not_sent = f"contract break not sent: {kind} ({contract})"
+    assert run(*steps).labels[not_sent] == 1
     ls = run(*steps, debug_memory_pool=True)
     assert ls.labels[f"contract refused: {contract}"] == 1 and ls.labels["finished by free"] == 1
     # Inside a group debug mode checks only at the end, so nothing is sent.
     ls = run(Admit(((0, 6),)), GroupBegin(), Break(kind, 0), GroupEnd(), debug_memory_pool=True)
-    assert ls.labels[f"contract broken: {contract}"] == 1
+    assert ls.labels[not_sent] == 1
     # Page size 1 has no debug checks, as in sglang 0.5.23.
     ls = run(*steps, page_size=1, debug_memory_pool=True)
-    assert ls.labels[f"contract broken: {contract}"] == 1
+    assert ls.labels[not_sent] == 1
 
 
 def test_double_free_is_refused_in_debug_mode_at_paged_sizes():
     steps = (Admit(((0, 6),)), Finish(0, "free"), Break("double_free"), Break("never_allocated"))
-    assert run(*steps).labels["contract broken: free.double"] == 2
+    labels = run(*steps).labels
+    assert labels["contract break not sent: double_free (free.double)"] == 1
+    assert labels["contract break not sent: never_allocated (free.double)"] == 1
     assert run(*steps, debug_memory_pool=True).labels["contract refused: free.double"] == 2
 
 
 def test_page_ids_over_paired_positions_is_a_break_never_sent():
     ls = run(Admit(((0, 10),)), FreePages(0, 4), Finish(0, "free"))
-    assert ls.labels["contract broken: page_ids.paired"] == 1 and ls.labels["finished by free"] == 1
+    assert ls.labels["workload step breaks a contract, not sent: page_ids.paired"] == 1 and ls.labels["finished by free"] == 1
 
 
 def test_model_classifies_the_new_calls():
