@@ -30,7 +30,7 @@ from properties.steps import (
     DropTail, Empty, EvictSegment, FreePages,
     Evict, Finish, GroupBegin, GroupEnd, MergeSort, Prefill, Repair, Resize, Resume, Retract, Step,
 )
-from properties.targets import Target, resolve
+from properties.targets import Target, resolve, unrefused_breaks
 
 # Every coverage label and every (method, argument shape) cell any run in this
 # process reached, for the closing summaries.
@@ -577,6 +577,8 @@ class LockstepMachine(RuleBasedStateMachine):
         """The breaks of this kind the current state can make (at most `limit`)."""
         ls, m = self.ls, self.ls.model
         hybrid = not m.pure
+        if kind in unrefused_breaks(type(self).target):
+            return []  # SPEC 4.7: the target declares it does not refuse this break
         if BREAKS[kind] == "debug":
             # Sent only where sglang's debug mode refuses them: elsewhere the allocator
             # need not notice, and the harness never sends those.

@@ -1,7 +1,7 @@
 """What is tested: a target is a factory `make(config: dict) -> allocator` (SPEC 4.3).
 
-`resolve` knows the bundled impl ("impl") and `module:callable` for anyone's
-allocator. Named variants are supplied by whoever holds them (the fuzz package's
+`resolve` knows the bundled impl ("impl"), the installed sglang's own allocators
+("sglang", `properties.sglang_target`), and `module:callable` for anyone's allocator. Named variants are supplied by whoever holds them (the fuzz package's
 seeded-bug variants), as a mapping, so this package does not depend on them.
 """
 
@@ -24,9 +24,22 @@ def _bundled(config: dict):
     return make_allocator(config)
 
 
+def unrefused_breaks(target: Target) -> frozenset[str]:
+    """The SPEC 3.2 breaks a target declares it does not refuse (SPEC 4.7): the
+    harness never sends them to it."""
+    return frozenset(getattr(target, "unrefused_breaks", ()))
+
+
 def resolve(spec: str = "impl", variants: Mapping[str, Target] | None = None) -> Target:
     if spec == "impl":
         return _bundled
+    if spec == "sglang":
+        from properties.sglang_target import available, make
+
+        ok, why = available()
+        if not ok:
+            raise TargetError(f"target 'sglang': {why}")
+        return make
     if variants and spec in variants:
         return variants[spec]
     if ":" in spec:
@@ -39,5 +52,5 @@ def resolve(spec: str = "impl", variants: Mapping[str, Target] | None = None) ->
         if not callable(factory):
             raise TargetError(f"target {spec!r}: {module_name} has no callable {attr!r}")
         return factory
-    known = ", ".join(["impl", *sorted(variants or ())])
+    known = ", ".join(["impl", "sglang", *sorted(variants or ())])
     raise TargetError(f"unknown target {spec!r}; use one of {known}, or module:callable")
