@@ -181,7 +181,7 @@ def test_load_copy_skips_swa():
 
 def test_free_dedups_adjacent_only():
     results = []
-    for a in both("free_dedups_adjacent_only", {"kind": "hybrid", "size": 64, "page_size": 4}):
+    for a in both("free_dedups_adjacent_only", {"kind": "hybrid", "size": 64, "size_swa": 128, "page_size": 4}):
         ra = extend(a, [(0, 4, -1)])
         rb = extend(a, [(0, 4, -1)])
         extend(a, [(0, 4, -1)])  # a third request stays live
@@ -215,7 +215,7 @@ def test_free_list_narrowed():
 
 def test_hybrid_merge_drops_staged():
     results = []
-    for a in both("hybrid_merge_drops_staged", {"kind": "hybrid", "size": 64, "page_size": 4}):
+    for a in both("hybrid_merge_drops_staged", {"kind": "hybrid", "size": 64, "page_size": 4, "need_sort": True}):
         r = extend(a, [(0, 8, -1)])
         a.free(r)
         before = (a.full_available_size(), a.swa_available_size())
@@ -227,7 +227,7 @@ def test_hybrid_merge_drops_staged():
 
 
 def test_hybrid_merge_drops_staged_sub_allocator_merge_is_right():
-    impl, variant = both("hybrid_merge_drops_staged", {"kind": "hybrid", "size": 64, "page_size": 4})
+    impl, variant = both("hybrid_merge_drops_staged", {"kind": "hybrid", "size": 64, "page_size": 4, "need_sort": True})
     for a in (impl, variant):
         a.free(extend(a, [(0, 8, -1)]))
         a.full_attn_allocator.merge_and_sort_free()
