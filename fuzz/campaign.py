@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -149,7 +150,7 @@ def worker_main(job: Job, out) -> None:
     from hypothesis.stateful import run_state_machine_as_test
 
     from properties.lockstep import HarnessError, LockstepFailure, Observer, TargetCrash, minimize, observing
-    from properties.machine import LABELS_SEEN
+    from properties.machine import LABELS_SEEN, SHAPES_SEEN
 
     import torch
 
@@ -164,7 +165,7 @@ def worker_main(job: Job, out) -> None:
         now = time.time()
         if force or now - last_sent[0] >= STATS_EVERY_S:
             last_sent[0] = now
-            out.put(("stats", job.wid, dict(counts), sorted(LABELS_SEEN)))
+            out.put(("stats", job.wid, dict(counts), sorted(LABELS_SEEN), [[m, c, n] for (m, c), n in SHAPES_SEEN.items()]))
 
     class Journaling(Observer):
         """Every example's configuration and steps go to the journal before they run."""
@@ -289,6 +290,8 @@ class Result:
     restarted: int = 0  # runs ended after a call the model cannot follow
     examples: int = 0
     labels: set = field(default_factory=set)
+    # (method, argument shape) -> calls, summed over the workers: the coverage table.
+    shapes: Counter = field(default_factory=Counter)
     known: int = 0
     failures: list[Failure] = field(default_factory=list)
     harness_errors: list[HarnessFailure] = field(default_factory=list)
@@ -361,7 +364,7 @@ def run_campaign(
             if kind == "ready":
                 ready[wid] = msg[2]
             elif kind == "stats":
-                stats[wid] = (msg[2], msg[3])
+                stats[wid] = (msg[2], msg[3], msg[4])
             elif kind == "harness_error":
                 h = HarnessFailure(wid, msg[2]["message"], msg[2]["traceback"])
                 result.harness_errors.append(h)
@@ -432,6 +435,10 @@ def _sum(result: Result, stats: dict, ready: dict) -> None:
     result.restarted = sum(s[0]["restarted"] for s in stats.values())
     result.examples = sum(s[0]["examples"] for s in stats.values())
     result.labels = set().union(*[set(s[1]) for s in stats.values()]) if stats else set()
+    result.shapes = Counter()
+    for s in stats.values():
+        for m, c, n in s[2]:
+            result.shapes[(m, c)] += n
     result.elapsed = time.time() - min(ready.values()) if ready else 0.0
 
 

@@ -231,6 +231,9 @@ def cmd_run(args) -> int:
         f"harness errors {len(result.harness_errors)}"
         f" (seed {seed}; rerun: python -m fuzz run --target {args.target} --seed {seed})"
     )
+    from properties.coverage import render
+
+    print(render(result.shapes))
     if result.harness_errors:
         return EXIT_HARNESS_ERROR
     return EXIT_FAILED if result.failures else EXIT_OK
