@@ -11,16 +11,7 @@ import pytest
 import torch
 
 from fuzz.variants import AWAITING_WORKLOAD, EXPECTED, VARIANTS
-from impl import invariants, make_allocator
-
-
-@pytest.fixture(autouse=True)
-def _isolated_invariants():
-    invariants.set_level(None)
-    invariants.reset_hits()
-    yield
-    invariants.set_level(None)
-    invariants.reset_hits()
+from impl import make_allocator
 
 
 def T(values) -> torch.Tensor:

@@ -84,15 +84,6 @@ def searches(variant_report):
     return out
 
 
-@pytest.fixture(autouse=True)
-def _isolated_invariants():
-    invariants.set_level(None)
-    invariants.reset_hits()
-    yield
-    invariants.set_level(None)
-    invariants.reset_hits()
-
-
 def test_bundled_impl_is_not_a_variant():
     impl = resolve("impl")
     assert impl not in VARIANTS.values()

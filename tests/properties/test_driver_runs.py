@@ -4,7 +4,7 @@ the differential driver's explicit attributes."""
 
 import pytest
 
-from impl import invariants, make_allocator
+from impl import make_allocator
 from impl.swa import SWATokenToKVPoolAllocator
 from properties.differential import Differential
 from properties.lockstep import HarnessError, Lockstep, LockstepFailure, Observer, TargetCrash, observing, replay
@@ -14,15 +14,6 @@ from properties.targets import resolve
 BASE = {"kind": "hybrid", "size": 32, "size_swa": 32, "page_size": 1}
 # swa.peer_mapped accepted at off: the model cannot follow, so the run ends there.
 UNCHECKED = [Admit(((0, 3),)), Evict(0, 0, 1), Break("free_unpaired", 0)]
-
-
-@pytest.fixture(autouse=True)
-def _isolated_invariants():
-    invariants.set_level(None)
-    invariants.reset_hits()
-    yield
-    invariants.set_level(None)
-    invariants.reset_hits()
 
 
 def test_steps_after_an_unchecked_call_are_compared():

@@ -7,7 +7,6 @@ the same trace.
 
 import pytest
 
-from impl import invariants
 from properties.lockstep import LockstepFailure, replay
 from properties.steps import Admit, Break, Evict, Finish
 from properties.targets import resolve
@@ -29,15 +28,6 @@ CASES = [
     (gt.MappedCountsAtWarn, "warn", MAPPED_BREAK, "swa.peer_mapped", "counted 1 hits at level warn"),
     (gt.MappedCrashesAtOff, "off", MAPPED_BREAK, "swa.peer_mapped", "crashed at level off"),
 ]
-
-
-@pytest.fixture(autouse=True)
-def _isolated_invariants():
-    invariants.set_level(None)
-    invariants.reset_hits()
-    yield
-    invariants.set_level(None)
-    invariants.reset_hits()
 
 
 @pytest.mark.parametrize("cls, level, steps, guard, said", CASES, ids=[f"{c[0].__name__}-{c[1]}" for c in CASES])

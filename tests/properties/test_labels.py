@@ -8,7 +8,7 @@ together count every label of properties/lockstep.py at least once.
 
 import pytest
 
-from impl import invariants, make_allocator
+from impl import make_allocator
 from impl.swa import SWATokenToKVPoolAllocator
 from properties.lockstep import replay
 from properties.steps import (
@@ -115,15 +115,6 @@ SCENARIOS = {
         "guard silent, then the target raised: swa.peer_released": 1, "run restarted after an unchecked call": 1,
     }),
 }
-
-
-@pytest.fixture(autouse=True)
-def _isolated_invariants():
-    invariants.set_level(None)
-    invariants.reset_hits()
-    yield
-    invariants.set_level(None)
-    invariants.reset_hits()
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
