@@ -30,7 +30,10 @@ from pathlib import Path
 from fuzz import trace as trace_mod
 
 STATS_EVERY_S = 0.5
-HANG_GRACE_S = 60.0  # past the deadline, a worker that is still running is killed as hung
+# Past the deadline, a worker that is still running is killed as hung. A worker may be
+# shrinking a failure it found, which hypothesis bounds at five minutes: on a pool of
+# 100,000+ slots each shrink replay costs a census, so the grace covers that bound.
+HANG_GRACE_S = 330.0
 BATCH_MAX = 200
 
 
