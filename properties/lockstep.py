@@ -28,6 +28,7 @@ from properties.steps import (
 )
 from reference import Contract, Model, Violation, layout, names
 
+LARGE_POOL_PAGES = 8192  # above this, no census at construction (see Lockstep)
 RELEASED = -1  # a pure SWA row's position whose slot window eviction released
 _TOLERATED = object()  # result of a call whose broken contract the target accepted
 
@@ -308,7 +309,10 @@ class Lockstep:
         self._build()
         for o in _OBSERVERS:
             o.started(self)
-        self.census()
+        # The state as built. Above LARGE_POOL_PAGES this O(pool) check is left to the
+        # periodic and closing census: a shrink replays an example hundreds of times.
+        if self.model.full.num_pages <= LARGE_POOL_PAGES:
+            self.census()
 
     def _build(self) -> None:
         """A fresh target and model for the configuration, with no requests."""

@@ -24,7 +24,7 @@ from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from properties.differential import Differential
-from properties.lockstep import RELEASED, Lockstep, runs_of
+from properties.lockstep import LARGE_POOL_PAGES, RELEASED, Lockstep, runs_of
 from properties.steps import (
     BREAKS, EMPTY_CALLS, GUARD_BREAKS, NEW, OTHER_BREAKS, PAGE_ID_BREAKS, AdmitTail, Break, CacheFree, Clear, Decode,
     DropTail, Empty, EvictSegment, FreePages,
@@ -44,7 +44,7 @@ SCALES = ("tiny", "tiny", "tiny", "medium", "large")
 LARGE_SLOTS = 131072  # > 70,000 pages at page size 1
 # Above this many pages the periodic census is a cost the step budget cannot carry:
 # per-step checks stay (they cover what each call touched), the census runs rarely.
-CENSUS_PAGES = 8192
+CENSUS_PAGES = LARGE_POOL_PAGES
 BATCH_MAX = 16
 DECODE_MAX = 64
 
