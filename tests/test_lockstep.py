@@ -55,7 +55,6 @@ REQUIRED_LABELS = (
     "retracted a batch",
     "resumed",
     "cache evicted by free",
-    "cache evicted by free over several entries",
     "cache evicted by free_swa",
     "window evicted by segment",
     "freed by page id",
