@@ -992,7 +992,7 @@ class Lockstep:
             self.labels["tail dropped"] += 1
             row.overwrite(step.keep)
             row.slots = row.slots[: step.keep]
-            if not row.slots:
+            if len(row.slots) == row.shared:  # nothing of its own left: the request is done
                 self._drop_rows([step.rid])
 
     # ------------------------------------------------- scheduler and cache
