@@ -372,7 +372,6 @@ class LockstepMachine(RuleBasedStateMachine):
         """Window eviction by segment (sglang 0.5.23's free_swa_segment)."""
         rid = data.draw(st.sampled_from(self._segment_evictable()), label="request")
         lo, hi = self._segment_span(rid)
-        ps = self.ls.ps
         hi = data.draw(st.integers(lo + 1, hi), label="evict to")
         self._go(EvictSegment(rid, lo, hi))
 
