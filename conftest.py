@@ -1,54 +1,16 @@
-"""Hypothesis profiles and the harness's pytest options (SPEC 4.3, 4.4).
+"""The harness's pytest options, and the hypothesis profile a run loads (SPEC 4.3, 4.4).
 
-Profiles: `fast` (local default), `ci` (deterministic, bounded; CI=true selects it),
-`nightly` (long soak), `crosshair` (the crosshair backend). Pick one with
+The profiles are registered in properties/profiles.py; pick one with
 `--hypothesis-profile=NAME`. `--target` and `--device` choose what the lockstep
 properties run against.
 """
 
-import os
-
 import pytest
-from hypothesis import HealthCheck, Phase, Verbosity, settings
+from hypothesis import settings
 
-_common = dict(
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
-    stateful_step_count=40,
-    # One failure, shrunk, per run: the harness reports the first invariant it saw.
-    report_multiple_bugs=False,
-)
-settings.register_profile("fast", max_examples=60, **_common)
-settings.register_profile("ci", max_examples=2000, derandomize=True, print_blob=True, **_common)
-settings.register_profile(
-    "nightly",
-    max_examples=6000,
-    **{**_common, "stateful_step_count": 60},
-)
-try:
-    import hypothesis_crosshair_provider  # noqa: F401  (the `test` extra installs it)
-except ImportError:
-    # A plain install has no crosshair backend: the profile is left out, and asking
-    # for it says why (hypothesis names the profiles it knows).
-    pass
-else:
-    settings.register_profile(
-        "crosshair",
-        backend="crosshair",
-        max_examples=20,
-        **{**_common, "stateful_step_count": 10},
-    )
-# The mutation score (bench/mutation.py): ci's derandomized search on a smaller budget,
-# without shrinking (a mutant is killed by any failure) and without a database.
-settings.register_profile(
-    "mutation",
-    max_examples=int(os.environ.get("SWA_LOCKSTEP_MUTATION_EXAMPLES", "100")),
-    derandomize=True,
-    database=None,
-    phases=(Phase.explicit, Phase.generate),
-    **_common,
-)
-settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "fast"))
+from properties.profiles import default_profile
+
+settings.load_profile(default_profile())
 
 
 def pytest_addoption(parser):

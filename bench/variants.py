@@ -19,7 +19,6 @@ import time
 os.environ.setdefault("CI", "true")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import conftest  # noqa: E402,F401  (registers and loads the hypothesis profiles)
 from hypothesis import Phase, settings  # noqa: E402
 from hypothesis.stateful import run_state_machine_as_test  # noqa: E402
 
@@ -27,6 +26,9 @@ from fuzz.variants import AWAITING_WORKLOAD, EXPECTED, VARIANTS  # noqa: E402
 from impl import invariants  # noqa: E402
 from properties.lockstep import LockstepFailure, minimize  # noqa: E402
 from properties.machine import machine_for  # noqa: E402
+from properties.profiles import default_profile  # noqa: E402
+
+settings.load_profile(default_profile())
 
 
 def measure(name: str) -> dict:

@@ -29,3 +29,21 @@ def test_conftest_loads_without_the_crosshair_backend():
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-2:] == ["crosshair profile: InvalidArgument", "loaded"], proc.stdout
+
+
+def test_a_process_pytest_did_not_start_gets_the_projects_ci_profile():
+    # hypothesis ships its own `ci` profile: a spawned search worker that only asked for
+    # "ci" got that one (other step count, multiple-bug reports) without a word.
+    from hypothesis import settings
+
+    import properties.profiles  # noqa: F401
+
+    proc = subprocess.run(
+        [sys.executable, "-c", "from hypothesis import settings; import properties.profiles; "
+         "c = settings.get_profile('ci'); print(c.stateful_step_count, c.report_multiple_bugs, c.max_examples)"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr
+    ours = settings.get_profile("ci")
+    assert proc.stdout.split() == [str(ours.stateful_step_count), str(ours.report_multiple_bugs), str(ours.max_examples)]
+    assert (ours.stateful_step_count, ours.report_multiple_bugs) == (40, False)

@@ -19,6 +19,7 @@ import pytest
 
 from fuzz.variants import AWAITING_WORKLOAD, EXPECTED, VARIANTS
 from impl import invariants, make_allocator
+from properties.lockstep import LockstepFailure, replay
 from properties.targets import resolve
 
 SEEDS = (0, 1, 2, 3, 4)
@@ -40,13 +41,14 @@ _PAGED = {"kind": "hybrid", "size": 64, "size_swa": 64, "page_size": 4}
 _RING = dict(_PAGED, ring_size=5, req_slots=3)
 
 
-def search(name: str, seed: int) -> tuple[str, int, int | None, str | None, str]:
+def search(name: str, seed: int) -> tuple:
     """One search in a fresh process: (name, seed, examples run until found or None,
-    the invariant reported, the failure's first line)."""
+    the invariant reported, the failure's first line, its trace as (config, steps))."""
     import torch
     from hypothesis import Phase, seed as hyp_seed, settings
     from hypothesis.stateful import run_state_machine_as_test
 
+    from properties import profiles  # noqa: F401  (the project's `ci`, not hypothesis's own)
     from properties.lockstep import LockstepFailure, Observer, observing
     from properties.machine import machine_for
 
@@ -66,8 +68,8 @@ def search(name: str, seed: int) -> tuple[str, int, int | None, str | None, str]
         with observing(Examples()):
             run_state_machine_as_test(hyp_seed(seed)(machine_for(VARIANTS[name])), settings=s)
     except LockstepFailure as e:
-        return name, seed, Examples.n, e.invariant, str(e).splitlines()[0]
-    return name, seed, None, None, ""
+        return name, seed, Examples.n, e.invariant, str(e).splitlines()[0], (e.config, e.steps)
+    return name, seed, None, None, "", None
 
 
 @pytest.fixture(scope="module")
@@ -76,11 +78,11 @@ def searches(variant_report):
     with cf.ProcessPoolExecutor(max_workers=max(1, os.cpu_count() or 1), mp_context=mp.get_context("spawn")) as pool:
         done = list(pool.map(search, *zip(*jobs)))
     out = {}
-    for name, seed, n, inv, line in done:
-        out.setdefault(name, {})[seed] = (n, inv, line)
+    for name, seed, n, inv, line, trace in done:
+        out.setdefault(name, {})[seed] = (n, inv, line, trace)
     for name in sorted(out):
         runs = out[name]
-        found = [n for n, _, _ in runs.values() if n is not None]
+        found = [n for n, *_ in runs.values() if n is not None]
         worst = f"{max(found)}" if len(found) == len(SEEDS) else f"not found on {len(SEEDS) - len(found)} seeds"
         variant_report.append(f"{name}: worst {worst} of {BUDGET} examples over seeds {SEEDS}; each: {[runs[s][0] for s in SEEDS]}")
     return out
@@ -112,7 +114,14 @@ def test_machine_finds_variant_on_every_seed(name, searches):
     """Within the budget on each seed, with no help from the generator, under one of
     the invariants EXPECTED names for it."""
     runs = searches[name]
-    missed = [seed for seed, (n, _, _) in runs.items() if n is None]
+    missed = [seed for seed, (n, *_) in runs.items() if n is None]
     assert not missed, f"{name}: not found within {BUDGET} examples on seeds {missed}"
-    wrong = {seed: line for seed, (_, inv, line) in runs.items() if inv not in EXPECTED[name]}
+    wrong = {seed: line for seed, (_, inv, line, _) in runs.items() if inv not in EXPECTED[name]}
     assert not wrong, f"{name}: reported outside {EXPECTED[name]}: {wrong}"
+    # Each failure is the variant's, not the harness's: its trace replays to the same
+    # invariant on the variant and passes on the bundled impl.
+    for seed, (_, inv, line, (config, steps)) in runs.items():
+        with pytest.raises(LockstepFailure) as failed:
+            replay(config, steps, VARIANTS[name])
+        assert failed.value.invariant == inv, f"{name} seed {seed}: replay names {failed.value.invariant}, the search {line}"
+        replay(config, steps, resolve("impl"))
