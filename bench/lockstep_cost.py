@@ -1,8 +1,8 @@
 """Lockstep step cost against the bare allocator calls of the same workload (SPEC 6).
 
-A random workload drives the state machine's own rules (no hypothesis) against a
-recording proxy of the bundled allocator; the recorded calls then replay on a fresh
-allocator with nothing else around them. Both are timed in this one run and the
+The state machine's own workload (drawn by hypothesis, then kept as traces) replays
+in lockstep against a recording proxy of the bundled allocator; the recorded calls
+then replay on a fresh allocator with nothing else around them. Both are timed in this one run and the
 table gives lockstep time / bare time, with the census every 16 steps and with it off.
 
     python bench/lockstep_cost.py [--steps N]
@@ -11,6 +11,7 @@ table gives lockstep time / bare time, with the census every 16 steps and with i
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 import time
@@ -21,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from impl import make_allocator  # noqa: E402
+from properties.lockstep import Lockstep  # noqa: E402
 from properties.machine import machine_for  # noqa: E402
 
 # Calls that change an allocator; everything else the driver does is observation.
@@ -60,53 +62,53 @@ class Recorder:
         return value
 
 
-WEIGHTS = {"admit": 3, "extend": 2, "decode": 5, "evict": 2, "repair": 1, "finish": 2, "drop_tail": 1, "group": 1}
+def workload(config: dict, steps: int, seed: int = 0) -> list[list]:
+    """Traces of the state machine's own workload on this configuration, `steps` in
+    all: hypothesis draws them (seeded), each example's steps kept at its teardown."""
+    from hypothesis import HealthCheck, Phase, settings
+    from hypothesis import seed as hseed
+    from hypothesis.stateful import run_state_machine_as_test
+
+    traces: list[list] = []
+    base = machine_for(make_allocator, fixed=config)
+
+    class Collect(base):
+        def teardown(self):
+            if self.ls is not None and sum(map(len, traces)) < steps:
+                traces.append(list(self.ls.trace))
+            super().teardown()
+
+    while sum(map(len, traces)) < steps:
+        hseed(seed)(lambda: run_state_machine_as_test(Collect, settings=settings(
+            max_examples=max(1, (steps - sum(map(len, traces))) // 20), stateful_step_count=40, deadline=None,
+            database=None, phases=[Phase.generate], suppress_health_check=list(HealthCheck))))()
+        seed += 1
+    return traces
 
 
-def drive(config: dict, steps: int, census_every: int, log: list | None, seed: int = 0) -> float:
-    """Run `steps` random workload steps in lockstep; returns the seconds taken."""
-    target = (lambda c: Recorder(make_allocator(c), log)) if log is not None else make_allocator
-    machine = machine_for(target, census_every=census_every)()
-    machine.init(config)
-    rng = random.Random(seed)
-    ops, weights = zip(*WEIGHTS.items())
-    n = 0
+def drive(config: dict, traces: list[list], census_every: int, log: list | None) -> float:
+    """Replay the traces in lockstep; returns the seconds taken."""
+    def target(c):
+        if log is None:
+            return make_allocator(c)
+        log.append(((), None, (), {}))  # a new allocator from here on
+        return Recorder(make_allocator(c), log)
+
     start = time.perf_counter()
-    while n < steps:
-        op = rng.choices(ops, weights)[0]
-        ls = machine.ls
-        if op != "admit" and op != "group" and not ls.rows:
-            op = "admit"
-        if op == "repair" and ls.pure:
-            op = "decode"
-        r = lambda: rng.randrange(64)
-        if op == "admit":
-            machine.admit(lengths=[rng.randrange(1, 64) for _ in range(rng.randrange(1, 4))])
-        elif op == "extend":
-            machine.extend(picks=[r()], add=rng.randrange(1, 64))
-        elif op == "decode":
-            machine.decode(picks=list({r() for _ in range(4)}))
-        elif op == "evict":
-            machine.evict(pick=r(), span=rng.randrange(1, 64))
-        elif op == "repair":
-            machine.repair(pick=r(), n=rng.randrange(1, 64), offset=rng.randrange(16))
-        elif op == "finish":
-            machine.finish(pick=r(), how=rng.choice(("split", "free", "segments")))
-        elif op == "drop_tail":
-            machine.drop_tail(pick=r(), keep=r())
-        elif ls.model.group_open:
-            machine.group_end()
-        else:
-            machine.group_begin()
-        n += 1
+    for steps in traces:
+        ls = Lockstep(config, target, census_every=census_every)
+        for step in steps:
+            ls.run(step)
     return time.perf_counter() - start
 
 
 def bare(config: dict, log: list) -> float:
     """The recorded calls alone, on a fresh allocator."""
-    alloc = make_allocator(dict(config))
     start = time.perf_counter()
     for path, name, args, kwargs in log:
+        if name is None:
+            alloc = make_allocator(dict(config))
+            continue
         obj = alloc
         for attr in path:
             obj = getattr(obj, attr)
@@ -126,16 +128,19 @@ def main() -> None:
     for ps in (1, 16):
         config = {"kind": "hybrid", "size": 4096, "size_swa": 2048, "page_size": ps, "device": "cpu",
                   "need_sort": False, "ring_size": None, "req_slots": None, "check_level": "warn"}
+        traces = workload(config, args.steps)
+        n = sum(map(len, traces))
         log: list = []
-        drive(config, args.steps, 16, log)  # records the calls of exactly this workload
+        drive(config, traces, 16, log)  # records the calls of exactly this workload
         t_bare = bare(config, log)
-        t_census = drive(config, args.steps, 16, None)
-        t_no_census = drive(config, args.steps, 0, None)
-        rows.append((ps, len(log), t_bare, t_census, t_no_census))
+        t_census = drive(config, traces, 16, None)
+        t_no_census = drive(config, traces, 0, None)
+        rows.append((ps, n, len(log), t_bare, t_census, t_no_census))
     print(f"{'ps':>3} {'steps':>6} {'calls':>6} {'bare us/step':>13} {'lockstep us/step':>17} {'ratio':>6} {'no census':>10} {'ratio':>6}")
-    for ps, calls, tb, tc, tn in rows:
-        us = lambda t: 1e6 * t / args.steps
-        print(f"{ps:>3} {args.steps:>6} {calls:>6} {us(tb):>13.1f} {us(tc):>17.1f} {tc / tb:>6.1f} {us(tn):>10.1f} {tn / tb:>6.1f}")
+    for ps, n, calls, tb, tc, tn in rows:
+        us = lambda t: 1e6 * t / n
+        print(f"{ps:>3} {n:>6} {calls:>6} {us(tb):>13.1f} {us(tc):>17.1f} {tc / tb:>6.1f} {us(tn):>10.1f} {tn / tb:>6.1f}")
+    print(json.dumps({f"ps{ps}": {"lockstep_over_bare": round(tc / tb, 2), "no_census_over_bare": round(tn / tb, 2)} for ps, _, _, tb, tc, tn in rows}))
 
 
 if __name__ == "__main__":

@@ -22,13 +22,18 @@ import shutil
 import sys
 import tempfile
 import time
+import traceback
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from fuzz import trace as trace_mod
 
 STATS_EVERY_S = 0.5
-HANG_GRACE_S = 60.0  # past the deadline, a worker that is still running is killed as hung
+# Past the deadline, a worker that is still running is killed as hung. A worker may be
+# shrinking a failure it found, which hypothesis bounds at five minutes: on a pool of
+# 100,000+ slots each shrink replay costs a census, so the grace covers that bound.
+HANG_GRACE_S = 330.0
 BATCH_MAX = 200
 
 
@@ -60,7 +65,7 @@ class Job:
     db: str
     journal: str
     stateful_step_count: int = 40
-    config_overrides: dict = field(default_factory=dict)
+    fixed: dict = field(default_factory=dict)  # configuration keys pinned (--config)
 
 
 class Journal:
@@ -84,6 +89,24 @@ class Journal:
     def step(self, step) -> None:
         self.steps.append(step)
         self._write(step.to_json())
+
+
+def _replay_child(path: str, spec: str, device: str) -> tuple[str, str]:
+    out = trace_mod.run(trace_mod.load(path), resolve(spec), device)
+    return out.outcome, out.message
+
+
+def replay_isolated(path: str | os.PathLike, spec: str, device: str) -> trace_mod.Outcome:
+    """Replay one trace in a fresh child process, so a target or a device assert that
+    kills its process (a guard at strict on CUDA) is the outcome ``crash``, not a lost run."""
+    import concurrent.futures as cf
+
+    with cf.ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as pool:
+        try:
+            outcome, message = pool.submit(_replay_child, str(path), spec, device).result()
+        except cf.process.BrokenProcessPool:
+            return trace_mod.Outcome(trace_mod.CRASH, "the replay process died")
+    return trace_mod.Outcome(outcome, message)
 
 
 def read_journal(path: str | os.PathLike) -> tuple[dict | None, list]:
@@ -114,14 +137,14 @@ def _derive(seed: int, wid: int, batch: int) -> int:
     return random.Random(f"swa-lockstep:{seed}:{wid}:{batch}").getrandbits(64)
 
 
-def machine_class(target_spec: str, factory, device: str, config_overrides: dict | None = None):
+def machine_class(target_spec: str, factory, device: str, fixed: dict | None = None):
     """The machine for one target. Its name carries the target (and any pinned keys),
     so the shared database keeps each target's examples apart (hypothesis keys
     stateful tests by the class)."""
     from properties.machine import machine_for
 
-    base = machine_for(factory, device, config_overrides=config_overrides)
-    pins = "".join(f",{k}={v}" for k, v in sorted((config_overrides or {}).items()))
+    base = machine_for(factory, device, fixed=fixed)
+    pins = "".join(f",{k}={v}" for k, v in sorted((fixed or {}).items()))
     return type(f"LockstepMachine[{target_spec}{pins}]", (base,), {"__module__": __name__})
 
 
@@ -146,9 +169,8 @@ def worker_main(job: Job, out) -> None:
     from hypothesis.database import DirectoryBasedExampleDatabase
     from hypothesis.stateful import run_state_machine_as_test
 
-    from properties import lockstep as lockstep_mod
-    from properties.lockstep import LockstepFailure, minimize
-    from properties.machine import LABELS_SEEN
+    from properties.lockstep import HarnessError, LockstepFailure, Observer, TargetCrash, minimize, observing
+    from properties.machine import LABELS_SEEN, SHAPES_SEEN
 
     import torch
 
@@ -156,37 +178,37 @@ def worker_main(job: Job, out) -> None:
     torch.set_num_threads(1)
     journal = Journal(job.journal)
     factory = resolve(job.target)
-    counts = {"steps": 0, "examples": 0}
+    counts = {"steps": 0, "compared": 0, "restarted": 0, "examples": 0}
     last_sent = [0.0]
 
     def send_stats(force: bool = False) -> None:
         now = time.time()
         if force or now - last_sent[0] >= STATS_EVERY_S:
             last_sent[0] = now
-            out.put(("stats", job.wid, counts["steps"], counts["examples"], sorted(LABELS_SEEN)))
+            out.put(("stats", job.wid, dict(counts), sorted(LABELS_SEEN), [[m, c, n] for (m, c), n in SHAPES_SEEN.items()]))
 
-    def traced_factory(config):
-        counts["examples"] += 1
-        journal.begin(config)
-        return factory(config)
+    class Journaling(Observer):
+        """Every example's configuration and steps go to the journal before they run."""
 
-    traced_factory.unrefused_breaks = frozenset(getattr(factory, "unrefused_breaks", ()))
+        def started(self, ls):
+            counts["examples"] += 1
+            journal.begin(ls.config)
+            self.seen = ls.counters()
 
-    original_run = lockstep_mod.Lockstep.run
+        def before_step(self, ls, step):
+            journal.step(step)
 
-    def run(self, step):
-        journal.step(step)
-        before = self.steps_run
-        try:
-            return original_run(self, step)
-        finally:
-            counts["steps"] += self.steps_run - before
+        def after_step(self, ls, step):
+            now = ls.counters()
+            counts["steps"] += now["steps_run"] - self.seen["steps_run"]
+            counts["compared"] += now["steps_compared"] - self.seen["steps_compared"]
+            counts["restarted"] += now["runs_restarted"] - self.seen["runs_restarted"]
+            self.seen = now
             send_stats()
 
-    # This process exists to run one target: every Lockstep in it is journaled.
-    lockstep_mod.Lockstep.run = run
+    journaling = Journaling()
 
-    base = machine_class(job.target, traced_factory, job.device, job.config_overrides)
+    base = machine_class(job.target, factory, job.device, job.fixed)
     db = DirectoryBasedExampleDatabase(job.db)
     # The budget is fuzzing time: it starts once the imports (torch) are done.
     ready = time.time()
@@ -215,13 +237,17 @@ def worker_main(job: Job, out) -> None:
             )
             t0 = time.time()
             try:
-                run_state_machine_as_test(cls, settings=s)
+                with observing(journaling):
+                    run_state_machine_as_test(cls, settings=s)
             except LockstepFailure as e:
                 send_stats(force=True)
                 config = e.config or journal.config
                 steps = e.steps if e.steps is not None else journal.steps
-                lockstep_mod.Lockstep.run = original_run  # replays below are not campaign steps
-                shorter, again = minimize(config, steps, factory, e.invariant)
+                try:
+                    shorter, again = minimize(config, steps, factory, e.invariant)
+                except HarnessError as h:  # a replay of the failure hit a harness bug
+                    out.put(("harness_error", job.wid, {"message": str(h), "traceback": h.traceback}))
+                    return
                 if again is not None:
                     steps, e = shorter, again
                 out.put(("failure", job.wid, {
@@ -232,15 +258,20 @@ def worker_main(job: Job, out) -> None:
                     "shrunk": True,
                 }))
                 return
-            except Exception as e:  # anything else escaping the target is a crash (SPEC 5)
+            except TargetCrash as e:  # the target raised outside a compared call (SPEC 5)
                 send_stats(force=True)
                 out.put(("failure", job.wid, {
                     "outcome": trace_mod.CRASH,
-                    "message": f"{type(e).__name__}: {e}",
+                    "message": str(e),
                     "config": journal.config,
                     "steps": [x.to_json() for x in journal.steps],
                     "shrunk": True,
                 }))
+                return
+            except Exception as e:  # the harness's own code raised: never a corpus trace
+                send_stats(force=True)
+                tb = e.traceback if isinstance(e, HarnessError) else "".join(traceback.format_exception(e))
+                out.put(("harness_error", job.wid, {"message": f"{type(e).__name__}: {e}", "traceback": tb}))
                 return
             done_examples += size
             batch += 1
@@ -260,16 +291,35 @@ class Failure:
     trace: trace_mod.Trace
     path: Path | None
     shrunk: bool
+    page: Path | None = None  # the failure drawn as a page, beside the trace
+
+
+@dataclass
+class HarnessFailure:
+    """The harness's own code raised in a worker: a bug here, reported with its traceback."""
+
+    wid: int
+    message: str
+    traceback: str
 
 
 @dataclass
 class Result:
     steps: int = 0
+    compared: int = 0  # steps whose every call's result and state were compared
+    restarted: int = 0  # runs ended after a call the model cannot follow
     examples: int = 0
     labels: set = field(default_factory=set)
+    # (method, argument shape) -> calls, summed over the workers: the coverage table.
+    shapes: Counter = field(default_factory=Counter)
     known: int = 0
     failures: list[Failure] = field(default_factory=list)
+    harness_errors: list[HarnessFailure] = field(default_factory=list)
     elapsed: float = 0.0
+
+    @property
+    def compared_fraction(self) -> float:
+        return self.compared / self.steps if self.steps else 1.0
 
 
 def _labels_file(db: str) -> Path:
@@ -310,7 +360,8 @@ def run_campaign(
     corpus: str = "fuzz/corpus",
     progress=None,
     on_failure=None,
-    config_overrides: dict | None = None,
+    on_harness_error=None,
+    fixed: dict | None = None,
     about: list[str] | None = None,
 ) -> Result:
     """Run workers until the budget is spent; save each failure's trace into `corpus`."""
@@ -320,7 +371,7 @@ def run_campaign(
     ready: dict[int, float] = {}
     per = None if examples is None else -(-examples // workers)
     procs = {}
-    stats: dict[int, tuple[int, int, list]] = {}
+    stats: dict[int, tuple[dict, list]] = {}
     done: set[int] = set()
     result = Result()
     if about is None:
@@ -328,7 +379,7 @@ def run_campaign(
     try:
         for wid in range(workers):
             job = Job(wid, target, device, seed, seconds, per, db, os.path.join(jdir, f"worker-{wid}.jsonl"),
-                      config_overrides=dict(config_overrides or {}))
+                      fixed=dict(fixed or {}))
             p = ctx.Process(target=worker_main, args=(job, out), name=f"fuzz-worker-{wid}", daemon=True)
             p.start()
             procs[wid] = p
@@ -339,6 +390,11 @@ def run_campaign(
                 ready[wid] = msg[2]
             elif kind == "stats":
                 stats[wid] = (msg[2], msg[3], msg[4])
+            elif kind == "harness_error":
+                h = HarnessFailure(wid, msg[2]["message"], msg[2]["traceback"])
+                result.harness_errors.append(h)
+                if on_harness_error is not None:
+                    on_harness_error(h)
             elif kind == "done":
                 done.add(wid)
             elif kind == "failure":
@@ -399,9 +455,15 @@ def run_campaign(
 def _sum(result: Result, stats: dict, ready: dict) -> None:
     """Totals over the workers; elapsed runs from the first worker ready, so steps/s
     measures fuzzing, not process start-up."""
-    result.steps = sum(s[0] for s in stats.values())
-    result.examples = sum(s[1] for s in stats.values())
-    result.labels = set().union(*[set(s[2]) for s in stats.values()]) if stats else set()
+    result.steps = sum(s[0]["steps"] for s in stats.values())
+    result.compared = sum(s[0]["compared"] for s in stats.values())
+    result.restarted = sum(s[0]["restarted"] for s in stats.values())
+    result.examples = sum(s[0]["examples"] for s in stats.values())
+    result.labels = set().union(*[set(s[1]) for s in stats.values()]) if stats else set()
+    result.shapes = Counter()
+    for s in stats.values():
+        for m, c, n in s[2]:
+            result.shapes[(m, c)] += n
     result.elapsed = time.time() - min(ready.values()) if ready else 0.0
 
 
@@ -424,7 +486,14 @@ def _record(result, wid, outcome, message, config, steps, shrunk, target, device
             path = trace_mod.save(t, corpus)
         except OSError as e:
             message += f"\n(could not save the trace into {corpus}: {e})"
-    failure = Failure(wid, outcome, message, t, path, shrunk)
+    page = None
+    if path is not None:
+        from fuzz.show import page_beside
+
+        page, why = page_beside(path, target, device)
+        if why:
+            message += f"\n(could not draw the failure page: {why})"
+    failure = Failure(wid, outcome, message, t, path, shrunk, page)
     result.failures.append(failure)
     if on_failure is not None:
         on_failure(failure)

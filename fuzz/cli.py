@@ -1,10 +1,12 @@
-"""`python -m fuzz`: run campaigns, replay traces, list the corpus.
+"""`python -m fuzz`: run campaigns, replay traces, list the corpus, check sync-freedom.
 
 Exit codes (every subcommand):
   0  nothing failed: the campaign found no failure, every trace had its expected outcome
   1  a failure: the campaign found one, or a trace's outcome differs from what it expects
   2  bad input: unknown target, bad budget or device, unreadable corpus, malformed trace;
      one line on stderr names the input and says what would be accepted
+  3  harness error: the harness's own code (model, driver, observation) raised; its
+     traceback is printed on stderr and nothing is saved to the corpus
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ import sys
 import time
 from pathlib import Path
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_HARNESS_ERROR = 0, 1, 2, 3
 DEFAULT_SECONDS = 20.0
 DEFAULT_CORPUS = Path(__file__).resolve().parent / "corpus"
 DEFAULT_DB = ".hypothesis/fuzz-db"
+HARNESS_ERROR = "harness error"  # a replay's outcome when the harness itself raised
 
 
 class BadInput(Exception):
@@ -58,6 +61,13 @@ def _int(text: str) -> int:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"--seed must be an integer, got {text!r}") from None
+
+
+def _int_step(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--step must be an integer, got {text!r}") from None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -104,8 +114,22 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("--target", help=f"{targets}; default: the target each trace was made on")
     rp.add_argument("--device", default="cpu", help="torch device (replaces the trace's own)")
 
+    sh = sub.add_parser("show", help="draw a trace's pools at its failing step", description="Replay a trace to its failing step (or --step N) and draw both pools' pages, the pages where model and target differ, and the involved pages' peers.")
+    sh.add_argument("trace", help="a trace file (.json)")
+    sh.add_argument("--target", help=f"{targets}; default: the target the trace was made on")
+    sh.add_argument("--device", default="cpu", help="torch device (replaces the trace's own)")
+    sh.add_argument("--step", type=_int_step, help="show the state after step N (0-based) instead of at the failure")
+    sh.add_argument("--html", help="also write one self-contained page (the maps before and at the step, and a timeline) to this file")
+    sh.add_argument("--color", choices=("auto", "always", "never"), default="auto", help="colour: auto (a terminal without NO_COLOR), always, never")
+
     ls = sub.add_parser("list", help="show the corpus", description="A table of the corpus: name, expected outcome, variant, configuration, steps.")
     ls.add_argument("--corpus", default=str(DEFAULT_CORPUS), help="corpus folder (default fuzz/corpus)")
+
+    sy = sub.add_parser("sync", help="check the sync-free paths for host reads", description="Run free, free_swa, free_group_end, clear_full_to_swa_mapping, free_segment and alloc_decode under a watch for host reads and data-dependent shapes (properties/sync.py); exit 1 names the path and the op.")
+    sy.add_argument("--target", default="impl", help=targets)
+    sy.add_argument("--device", default="cpu", help="torch device: cpu (default) or cuda (adds set_sync_debug_mode('error'))")
+    sy.add_argument("--layout", choices=("torch", "triton"), default="torch", help="paged layout implementation (default torch)")
+    sy.add_argument("--json", help="also write the report as JSON to this file")
     return p
 
 
@@ -153,9 +177,11 @@ def check_corpus_dir(path: str, create: bool) -> Path:
 def _progress(result) -> None:
     rate = result.steps / result.elapsed if result.elapsed else 0.0
     line = (
-        f"[{result.elapsed:6.1f}s] {result.steps} steps ({rate:.0f}/s), {result.examples} examples, "
-        f"{len(result.labels)} labels, {len(result.failures)} failures"
+        f"[{result.elapsed:6.1f}s] {result.steps} steps ({rate:.0f}/s, {100 * result.compared_fraction:.1f}% compared), "
+        f"{result.examples} examples, {len(result.labels)} labels, {len(result.failures)} failures"
     )
+    if result.harness_errors:
+        line += f", {len(result.harness_errors)} harness errors"
     if sys.stderr.isatty():
         sys.stderr.write("\r\x1b[2K" + line)
     else:
@@ -181,7 +207,17 @@ def _print_failure(f, target: str, device: str) -> None:
         dev = f" --device {device}" if device != "cpu" else ""
         print(f"  saved: {f.path}")
         print(f"  replay: python -m fuzz replay {f.path} --target {target}{dev}")
+    if f.page is not None:
+        print(f"  page: {f.page} (open it in a browser)")
     sys.stdout.flush()
+
+
+def _print_harness_error(h) -> None:
+    if sys.stderr.isatty():
+        sys.stderr.write("\n")
+    print(f"HARNESS ERROR in worker {h.wid} (a bug in swa-lockstep, not in the target; nothing saved): {h.message}", file=sys.stderr)
+    sys.stderr.write(h.traceback)
+    sys.stderr.flush()
 
 
 def cmd_run(args) -> int:
@@ -201,9 +237,13 @@ def cmd_run(args) -> int:
     pins = dict(args.config)
     try:
         from properties.lockstep import check_config
-        from properties.machine import pinned
 
-        check_config(pinned({"kind": "hybrid", "size": 4, "size_swa": 4, "page_size": 1, "ring_size": None, "req_slots": None}, pins))
+        ps = pins.get("page_size", 1)
+        if pins.get("kind") == "pure_swa" and ps != 1:
+            raise ValueError("kind=pure_swa is page size 1 only")
+        # The pins over a small configuration of their page size: a bad value fails here,
+        # naming its key, not in every worker.
+        check_config({"kind": "hybrid", "size": 4 * ps, "size_swa": 4 * ps, "page_size": ps, **pins})
     except (ValueError, KeyError, TypeError) as e:
         raise BadInput(f"--config: {e}") from None
     about = campaign.describe_target(factory)
@@ -214,16 +254,24 @@ def cmd_run(args) -> int:
     result = campaign.run_campaign(
         args.target, args.device, args.seconds, args.examples, seed, args.workers, args.db, args.corpus,
         progress=_progress, on_failure=lambda f: _print_failure(f, args.target, args.device),
-        config_overrides=pins, about=about,
+        on_harness_error=_print_harness_error, fixed=pins, about=about,
     )
     if sys.stderr.isatty():
         sys.stderr.write("\n")
     rate = result.steps / result.elapsed if result.elapsed else 0.0
     print(
         f"summary: {result.steps} steps in {result.elapsed:.1f} s ({rate:.0f} steps/s), {result.examples} examples, "
-        f"labels reached {len(result.labels)} of {result.known} known, failures {len(result.failures)}"
+        f"{result.compared} steps compared with the model ({100 * result.compared_fraction:.1f}%; "
+        f"{result.restarted} runs restarted after a call the model cannot follow), "
+        f"labels reached {len(result.labels)} of {result.known} known, failures {len(result.failures)}, "
+        f"harness errors {len(result.harness_errors)}"
         f" (seed {seed}; rerun: python -m fuzz run --target {args.target} --seed {seed})"
     )
+    from properties.coverage import render
+
+    print(render(result.shapes))
+    if result.harness_errors:
+        return EXIT_HARNESS_ERROR
     return EXIT_FAILED if result.failures else EXIT_OK
 
 
@@ -243,10 +291,15 @@ def _replay_one(path: str, target_spec: str | None, device: str):
     """Runs in a child process, so a target that kills its process only loses this trace."""
     from fuzz import campaign, trace as trace_mod
 
+    from properties.lockstep import HarnessError
+
     t = trace_mod.load(path)
     spec = target_spec or t.own_target
-    out = trace_mod.run(t, campaign.resolve(spec), device)
-    return spec, t.expected_on(spec), out.outcome, out.message
+    try:
+        out = trace_mod.run(t, campaign.resolve(spec), device)
+    except HarnessError as e:
+        return spec, HARNESS_ERROR, f"{e}\n{e.traceback}"
+    return spec, out.outcome, out.message
 
 
 def cmd_replay(args) -> int:
@@ -254,6 +307,7 @@ def cmd_replay(args) -> int:
     import multiprocessing as mp
 
     from fuzz import trace as trace_mod
+    from properties.lockstep import asserts_kill
 
     files = _trace_files(args.files)
     if not files:
@@ -273,7 +327,7 @@ def cmd_replay(args) -> int:
             except BadInput as e:
                 raise BadInput(f"{f}: the trace's own target cannot be resolved ({e}); pass --target") from None
     check_device(args.device)
-    mismatches = 0
+    mismatches = harness_errors = 0
     pool = None
     try:
         for f in files:
@@ -281,16 +335,26 @@ def cmd_replay(args) -> int:
                 pool = cf.ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn"))
             t = traces[f]
             spec = args.target or t.own_target
-            want = t.expected_on(spec)
             try:
-                spec, want, got, message = pool.submit(_replay_one, str(f), args.target, args.device).result()
+                # On CUDA a guard at strict kills the process: the expectation says so.
+                want = trace_mod.expected_outcome(t, spec, check_target(spec), args.device)
+                spec, got, message = pool.submit(_replay_one, str(f), args.target, args.device).result()
             except cf.process.BrokenProcessPool:
                 got, message = trace_mod.CRASH, "the replay process died (the target killed its process)"
                 pool.shutdown(wait=False)
                 pool = None
             except trace_mod.TraceError as e:
                 raise BadInput(str(e)) from None
-            if got == want:
+            if pool is not None and got == trace_mod.CRASH and asserts_kill(args.device):
+                # A device assert leaves the CUDA context unusable: a fresh process
+                # for the next trace.
+                pool.shutdown(wait=False)
+                pool = None
+            if got == HARNESS_ERROR:
+                harness_errors += 1
+                print(f"HARNESS ERROR  {f}  ({spec}; a bug in swa-lockstep, not in the target)")
+                sys.stderr.write(message)
+            elif got == want:
                 print(f"ok        {f}  ({spec}: {got})")
             else:
                 mismatches += 1
@@ -301,7 +365,60 @@ def cmd_replay(args) -> int:
     finally:
         if pool is not None:
             pool.shutdown()
+    if harness_errors:
+        return EXIT_HARNESS_ERROR
     return EXIT_FAILED if mismatches else EXIT_OK
+
+
+# -------------------------------------------------------------------- show
+def cmd_show(args) -> int:
+    from fuzz import show, show_render
+    from fuzz import trace as trace_mod
+
+    try:
+        t = trace_mod.load(args.trace)
+    except trace_mod.TraceError as e:
+        raise BadInput(str(e)) from None
+    spec = args.target or t.own_target
+    try:
+        factory = check_target(spec)
+    except BadInput as e:
+        if args.target is None:
+            raise BadInput(f"{args.trace}: the trace's own target cannot be resolved ({e}); pass --target") from None
+        raise
+    check_device(args.device)
+    if args.step is not None and not 0 <= args.step < len(t.steps):
+        raise BadInput(f"--step: {args.step} is outside 0..{len(t.steps) - 1} ({args.trace} has {len(t.steps)} steps)")
+    if args.html is not None:
+        folder = Path(args.html).resolve().parent
+        if not folder.is_dir() or not os.access(folder, os.W_OK):
+            raise BadInput(f"--html: cannot write {args.html} (its folder {folder} is not a writable folder)")
+    try:
+        shown = show.show(t, factory, spec, args.device, args.step, page=args.html is not None)
+    except trace_mod.TraceError as e:
+        raise BadInput(str(e)) from None
+    sys.stdout.write(show_render.text(shown, show_render.use_colour(args.color, sys.stdout)))
+    if args.html is not None:
+        trace_mod.write_atomic(args.html, show_render.page(shown))
+        print(f"page: {args.html}")
+    return EXIT_OK if shown.matches else EXIT_FAILED
+
+
+# -------------------------------------------------------------------- sync
+def cmd_sync(args) -> int:
+    import json
+
+    from properties import sync
+
+    target = check_target(args.target)
+    check_device(args.device)
+    extra = {"layout": args.layout} if args.layout != "torch" else None
+    report = sync.check(target, args.target, args.device, extra=extra)
+    for line in report.lines():
+        print(line)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_json(), indent=1) + "\n")
+    return EXIT_OK if report.ok else EXIT_FAILED
 
 
 # -------------------------------------------------------------------- list
@@ -330,7 +447,7 @@ def cmd_list(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        return {"run": cmd_run, "replay": cmd_replay, "list": cmd_list}[args.command](args)
+        return {"run": cmd_run, "replay": cmd_replay, "show": cmd_show, "list": cmd_list, "sync": cmd_sync}[args.command](args)
     except BadInput as e:
         print(f"python -m fuzz {args.command}: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from properties.lockstep import CONFIG_KEYS, LEVELS, LockstepFailure, check_config, replay
+from impl.config import ConfigError
+from properties.lockstep import CONFIG_KEYS, HarnessError, LockstepFailure, TargetCrash, asserts_kill, check_config, replay
 from properties.steps import Step, StepFormatError, step_from_json
 from reference import names
 
@@ -96,32 +97,13 @@ class Trace:
 
 
 def _check_config(path, cfg: Any) -> dict:
+    """The one configuration schema (impl.config), through the driver's defaults."""
     if not isinstance(cfg, dict):
         raise TraceError(path, f"must be an object of configuration keys, got {type(cfg).__name__}", field="config")
-    for key in cfg:
-        if key not in CONFIG_KEYS:
-            raise TraceError(path, f"unknown configuration key; known: {', '.join(CONFIG_KEYS)}", field=f"config.{key}")
-    for key in ("kind", "size", "size_swa", "page_size"):
-        if key not in cfg:
-            raise TraceError(path, "missing; a trace's configuration needs kind, size, size_swa and page_size", field=f"config.{key}")
-    if cfg["kind"] not in ("hybrid", "pure_swa"):
-        raise TraceError(path, f"must be 'hybrid' or 'pure_swa', got {cfg['kind']!r}", field="config.kind")
-    for key in ("size", "size_swa", "page_size", "ring_size", "req_slots"):
-        v = cfg.get(key)
-        if v is None and key in ("ring_size", "req_slots"):
-            continue
-        if isinstance(v, bool) or not isinstance(v, int) or v < (1 if key in ("page_size", "ring_size") else 0):
-            raise TraceError(path, f"must be a non-negative integer{' >= 1' if key in ('page_size', 'ring_size') else ''}, got {v!r}", field=f"config.{key}")
-    if "need_sort" in cfg and not isinstance(cfg["need_sort"], bool):
-        raise TraceError(path, f"must be true or false, got {cfg['need_sort']!r}", field="config.need_sort")
-    if "check_level" in cfg and cfg["check_level"] not in LEVELS:
-        raise TraceError(path, f"must be one of {', '.join(LEVELS)}, got {cfg['check_level']!r}", field="config.check_level")
-    if "device" in cfg and not isinstance(cfg["device"], str):
-        raise TraceError(path, f"must be a device name such as 'cpu', got {cfg['device']!r}", field="config.device")
     try:
         return check_config(cfg)
-    except ValueError as e:
-        raise TraceError(path, str(e), field="config") from None
+    except ConfigError as e:
+        raise TraceError(path, str(e).split(": ", 1)[1], field=f"config.{e.field}") from None
 
 
 def from_json(data: Any, path: str | os.PathLike = "<trace>") -> Trace:
@@ -183,8 +165,15 @@ def load(path: str | os.PathLike) -> Trace:
 
 def dump(trace: Trace, path: str | os.PathLike) -> Path:
     """Write a trace atomically: a temporary file in the same folder, then os.replace."""
+    path = write_atomic(path, json.dumps(trace.to_json(), indent=1) + "\n")
+    trace.path = path
+    return path
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write a text file so that no reader sees half of it: a temporary file in the same
+    folder, then os.replace; an error leaves the old file intact."""
     path = Path(path)
-    text = json.dumps(trace.to_json(), indent=1) + "\n"
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -198,7 +187,6 @@ def dump(trace: Trace, path: str | os.PathLike) -> Path:
         except FileNotFoundError:
             pass
         raise
-    trace.path = path
     return path
 
 
@@ -220,25 +208,52 @@ def save(trace: Trace, corpus: str | os.PathLike) -> Path:
 class Outcome:
     outcome: str  # pass, an invariant, contract.<name>, crash, unsupported
     message: str = ""
-    steps_run: int = 0
+    steps_run: int = 0  # on a failure, the index of the failing step
+    guard_refusals: list[int] = field(default_factory=list)  # steps a guard refused at strict
 
 
 def run(trace: Trace, target, device: str = "cpu") -> Outcome:
     """Replay a trace on a target factory and a device (the device replaces the
     trace's). A step that cannot apply is the trace's fault: TraceError."""
     config = dict(trace.config, device=device)
+    seen: list = []
     try:
-        ls = replay(config, trace.steps, target)
+        ls = replay(config, trace.steps, target, started=seen.append)
     except LockstepFailure as e:
-        return Outcome(e.invariant, str(e), e.index)
+        return Outcome(e.invariant, str(e), e.index, _refusals(seen))
     except StepFormatError as e:
         index = getattr(e, "index", None)
         raise TraceError(trace.path or trace.name, str(e).split(": ", 1)[1], index=index, field=e.field) from None
     except NotImplementedError as e:
         return Outcome(UNSUPPORTED, f"the target does not build this configuration: {e}")
-    except Exception as e:  # any escape from the target is a crash, as on a server
-        return Outcome(CRASH, f"{type(e).__name__}: {e}")
-    return Outcome(PASS, "", ls.steps_run)
+    except TargetCrash as e:  # the target raised outside a compared call, as on a server
+        return Outcome(CRASH, str(e), guard_refusals=_refusals(seen))
+    # HarnessError propagates: a bug in the harness is not the trace's outcome.
+    return Outcome(PASS, "", ls.steps_run, list(ls.guard_refusals))
+
+
+def _refusals(seen: list) -> list[int]:
+    return list(seen[0].guard_refusals) if seen else []
+
+
+def expected_outcome(trace: Trace, target_spec: str, target, device: str) -> str:
+    """What a replay of ``trace`` on ``target`` must give on ``device``.
+
+    On CPU, the trace's own rule (``Trace.expected_on``). Where a guard at strict is a
+    device assert (CUDA), the process dies at the first step a guard refuses, so a run
+    that reaches such a refusal must end in ``crash``; otherwise the outcome is the
+    CPU one. Which steps a guard refuses is read off a replay on CPU.
+    """
+    want = trace.expected_on(target_spec)
+    if not asserts_kill(device):
+        return want
+    cpu = run(trace, target, "cpu")
+    if cpu.outcome == UNSUPPORTED:
+        return want
+    # A failure at the refusing step itself is the guard's own (it raised, but wrongly
+    # or changing state): that step's outcome stands.
+    killed = [i for i in cpu.guard_refusals if cpu.outcome in (PASS, CRASH) or i < cpu.steps_run]
+    return CRASH if killed else want
 
 
 def summary(config: dict) -> str:

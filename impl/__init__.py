@@ -5,7 +5,8 @@ be built directly as sglang builds its own.
 """
 
 from impl.backend import Backend, get_backend
-from impl.base import BaseTokenToKVPoolAllocator
+from impl.base import BaseTokenToKVPoolAllocator, PageAlignmentError
+from impl.debug import debug_memory_pool, override_debug_memory_pool, set_debug_memory_pool
 from impl.factory import make, make_allocator
 from impl.invariants import (
     Bucket,
@@ -20,7 +21,12 @@ from impl.invariants import (
     set_level,
 )
 from impl.kv_pool import BaseSWAKVPool, SWAKVPool
-from impl.paged import PagedTokenToKVPoolAllocator, get_num_new_pages
+from impl.paged import (
+    PagedTokenToKVPoolAllocator,
+    alloc_decode_naive,
+    alloc_extend_naive,
+    get_num_new_pages,
+)
 from impl.req_pool import ReqToTokenPool
 from impl.swa import (
     SWA_PEER_MAPPED,
@@ -39,6 +45,7 @@ __all__ = [
     "Invariant",
     "InvariantViolation",
     "Level",
+    "PageAlignmentError",
     "PagedTokenToKVPoolAllocator",
     "PureSWATokenToKVPoolAllocator",
     "ReqToTokenPool",
@@ -47,7 +54,10 @@ __all__ = [
     "SWA_PEER_MAPPED",
     "SWA_PEER_RELEASED",
     "TokenToKVPoolAllocator",
+    "alloc_decode_naive",
+    "alloc_extend_naive",
     "current_level",
+    "debug_memory_pool",
     "expect",
     "get_backend",
     "get_num_new_pages",
@@ -55,7 +65,9 @@ __all__ = [
     "is_swa_req_ring",
     "make",
     "make_allocator",
+    "override_debug_memory_pool",
     "override_level",
     "reset_hits",
+    "set_debug_memory_pool",
     "set_level",
 ]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-BACKEND_NAMES = ("auto", "cpu", "cuda", "npu", "npu_emulated")
+from impl.config import BACKENDS as BACKEND_NAMES  # one list of backends: the configuration schema's
 
 
 def emulated_npu_scatter_nd_update_(

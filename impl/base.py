@@ -16,6 +16,15 @@ Cost model. A call must cost O(slots it touches), never O(pool):
 Reuse order follows from that and is the same on every device: pages go out
 in free-list order; released pages come back at the next merge, behind what
 is left (need_sort=False) or sorted together with it (need_sort=True).
+
+What callers read. sglang's code reads ``free_pages`` and ``release_pages``
+directly. With need_sort=False sglang has no staging area: a free goes straight
+into ``free_pages``. Here the staging list stays private and ``free_pages`` is
+a property that folds it in, unsorted and behind the rest, when it is read; the
+fold is the same one the next short alloc would do, so reading never changes
+which page goes out next, and frees stay O(touched) whether or not anyone
+looks. With need_sort=True staged pages are what sglang keeps in
+``release_pages``, and that property shows them (``free_pages`` does not).
 """
 
 from __future__ import annotations
@@ -25,12 +34,21 @@ from typing import Optional
 
 import torch
 
+from impl.debug import debug_memory_pool
 from impl.invariants import hit_counts
+
+
+class PageAlignmentError(ValueError, AssertionError):
+    """A segment start or a paged alloc size that is not a multiple of page_size.
+
+    sglang asserts these, so its callers catch AssertionError; everywhere else
+    this implementation reports a bad argument as ValueError. The class is both.
+    """
 
 
 def _check_page_aligned(start_pos: int, page_size: int) -> None:
     if int(start_pos) % page_size != 0:
-        raise ValueError(
+        raise PageAlignmentError(
             f"free_segment start_pos={start_pos} is not aligned to "
             f"page_size={page_size}; pass a start that is a multiple of the "
             "page size (the segment's end may sit mid-page)"
@@ -53,10 +71,11 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
         self.device = device
         self._kvcache = kvcache
         self.need_sort = need_sort
-        self.debug_mode = False
+        # Read once at construction, as sglang does (see impl.debug).
+        self.debug_mode = debug_memory_pool()
 
-        self.free_pages: Optional[torch.Tensor] = None
         self._staged: list[torch.Tensor] = []
+        self.free_pages: Optional[torch.Tensor] = None
         self._num_staged = 0
         # None: a free releases at once. A list: frees wait for free_group_end.
         self.free_group: Optional[list] = None
@@ -68,9 +87,9 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
         return self.size
 
     def available_size(self) -> int:
-        if self.free_pages is None:
+        if self._free_pages is None:
             return 0
-        return (len(self.free_pages) + self._num_staged) * self.page_size
+        return (len(self._free_pages) + self._num_staged) * self.page_size
 
     def get_kvcache(self):
         return self._kvcache
@@ -84,13 +103,33 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
 
     # ------------------------------------------------------------ free list
 
+    _free_pages: Optional[torch.Tensor] = None
+
+    @property
+    def free_pages(self) -> Optional[torch.Tensor]:
+        """The free list as sglang's code reads it (see the module docstring)."""
+        if self._staged and not self.need_sort:
+            self._merge_staged(sort=False)
+        return self._free_pages
+
+    @free_pages.setter
+    def free_pages(self, value: Optional[torch.Tensor]) -> None:
+        self._free_pages = value
+
+    @property
+    def is_not_in_free_group(self) -> bool:
+        """Older sglang's name for ``free_group is None``."""
+        return self.free_group is None
+
     @property
     def release_pages(self) -> Optional[torch.Tensor]:
-        """Staged page ids, concatenated (a census view; O(staged))."""
-        if self.free_pages is None:
+        """Freed pages not yet in ``free_pages``: empty unless need_sort (O(staged))."""
+        if self._free_pages is None:
             return None
+        if self._staged and not self.need_sort:
+            self._merge_staged(sort=False)
         if not self._staged:
-            return self.free_pages.new_empty((0,))
+            return self._free_pages.new_empty((0,))
         return torch.cat(self._staged)
 
     @release_pages.setter
@@ -103,11 +142,11 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
 
     def get_all_free_pages(self) -> Optional[torch.Tensor]:
         """Every free page id, free list and staging together (slot ids at page_size 1)."""
-        if self.free_pages is None:
+        if self._free_pages is None:
             return None
         if not self._staged:
-            return self.free_pages
-        return torch.cat([self.free_pages, *self._staged])
+            return self._free_pages
+        return torch.cat([self._free_pages, *self._staged])
 
     def _stage(self, page_ids: torch.Tensor) -> None:
         # The caller hands over a tensor nobody else holds (see callers).
@@ -119,8 +158,8 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
     def _merge_staged(self, sort: bool) -> None:
         if not self._staged:
             return
-        merged = torch.cat([self.free_pages, *self._staged])
-        self.free_pages = torch.sort(merged).values if sort else merged
+        merged = torch.cat([self._free_pages, *self._staged])
+        self._free_pages = torch.sort(merged).values if sort else merged
         self._staged, self._num_staged = [], 0
 
     def merge_and_sort_free(self) -> None:
@@ -129,13 +168,33 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
 
     def _take_pages(self, num_pages: int) -> Optional[torch.Tensor]:
         """The next ``num_pages`` free page ids, or None (nothing taken)."""
-        if num_pages > len(self.free_pages):
-            if num_pages > len(self.free_pages) + self._num_staged:
+        free = self._free_pages
+        if num_pages > len(free):
+            if num_pages > len(free) + self._num_staged:
                 return None
             self._merge_staged(sort=self.need_sort)
-        out = self.free_pages[:num_pages]
-        self.free_pages = self.free_pages[num_pages:]
+            free = self._free_pages
+        out = free[:num_pages]
+        self._free_pages = free[num_pages:]
         return out
+
+    def _debug_check_release(self, page_ids: torch.Tensor, what: str) -> None:
+        """Debug mode: each page in 1..num_pages, none twice, none already free.
+
+        Checked before anything changes (an O(pool) scan and a host sync, so
+        debug mode only). sglang checks after the release, for duplicates only.
+        """
+        pages = page_ids.reshape(-1).to(torch.int64).cpu()
+        if pages.numel() == 0:
+            return
+        num_pages = self.size // self.page_size
+        assert int(pages.min()) >= 1, f"{what}: page 0 holds the padding slot and is never freed"
+        assert int(pages.max()) <= num_pages, f"{what}: page {int(pages.max())} is beyond the pool's {num_pages}"
+        assert torch.unique(pages).numel() == pages.numel(), f"{what}: a page is named twice"
+        already = torch.isin(pages, self.get_all_free_pages().cpu())
+        assert not bool(already.any()), (
+            f"{what}: pages {pages[already].tolist()[:8]} are already free (a page freed twice)"
+        )
 
     # ------------------------------------------------------------ free groups
 
@@ -172,6 +231,21 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
         """
         _check_page_aligned(start_pos, self.page_size)
         self.free(free_index)
+
+    def free_full_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        """``free_full`` for one request's positions start_pos.. (alignment as free_segment)."""
+        _check_page_aligned(start_pos, self.page_size)
+        self.free_full(free_index)
+
+    def free_full_segments(self, segments) -> None:
+        """``free_segments`` for the full side alone; the list is checked first."""
+        for free_index, start_pos in self._check_segments(segments):
+            if free_index.numel():
+                self.free_full_segment(free_index, start_pos=start_pos)
+
+    def translate_kv_indices_for_transfer(self, kv_indices: torch.Tensor) -> torch.Tensor:
+        """Slot ids as a KV transfer addresses them: the ids themselves here."""
+        return kv_indices
 
     def _check_segments(self, segments) -> list:
         segments = list(segments)
@@ -214,10 +288,16 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
 
     # ------------------------------------------------------------ cpu copies
 
-    def get_cpu_copy(self, indices, mamba_indices=None):
+    def get_cpu_copy(self, indices, mamba_indices=None, req_pool_index=None):
+        raise NotImplementedError("get_cpu_copy needs an allocator with a KV pool")
+
+    def load_cpu_copy(self, kv_cache_cpu, indices, mamba_indices=None, req_pool_index=None):
+        raise NotImplementedError("load_cpu_copy needs an allocator with a KV pool")
+
+    def _kv_get_cpu_copy(self, indices):
         return self._kvcache.get_cpu_copy(indices)
 
-    def load_cpu_copy(self, kv_cache_cpu, indices, mamba_indices=None):
+    def _kv_load_cpu_copy(self, kv_cache_cpu, indices):
         return self._kvcache.load_cpu_copy(kv_cache_cpu, indices)
 
     # ------------------------------------------------------------ lifecycle

@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from impl.base import BaseTokenToKVPoolAllocator, _check_page_aligned
+from impl.base import BaseTokenToKVPoolAllocator, PageAlignmentError, _check_page_aligned
 
 
 def _ceil_div(a, b):
@@ -106,6 +106,68 @@ def decode_layout(
     return out
 
 
+def alloc_extend_naive(
+    prefix_lens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    last_loc: torch.Tensor,
+    free_pages: torch.Tensor,
+    out_indices: torch.Tensor,
+    page_size: int,
+    device,
+) -> None:
+    """sglang's torch stand-in for its Triton extend kernel, same arguments.
+
+    Writes the SPEC 2.5 extend layout into ``out_indices`` (its length is the
+    number of new positions). New pages are read from the front of
+    ``free_pages`` in request order; taking them off the free list is the
+    caller's job. ``free_pages`` must hold at least the pages the batch needs:
+    an empty one is checked (AssertionError when pages are needed), a short
+    one is not.
+    """
+    total = int(out_indices.shape[0])
+    if total == 0:
+        return
+    pre = prefix_lens.to(device=device, dtype=torch.int64)
+    seq = seq_lens.to(device=device, dtype=torch.int64)
+    if free_pages.numel() == 0:
+        assert torch.equal(_ceil_div(seq, page_size), _ceil_div(pre, page_size)), (
+            "alloc_extend_naive: free_pages is empty but the batch needs new pages"
+        )
+    out_indices.copy_(extend_layout(pre, seq, last_loc, free_pages, page_size, total))
+
+
+def alloc_decode_naive(
+    seq_lens: torch.Tensor,
+    last_loc: torch.Tensor,
+    free_pages: torch.Tensor,
+    out_indices: torch.Tensor,
+    page_size: int,
+    num_new_pages: int,
+) -> None:
+    """sglang's torch stand-in for its Triton decode kernel, same arguments:
+    the decode layout into ``out_indices``, new pages from the front of
+    ``free_pages`` (``num_new_pages`` of them)."""
+    if num_new_pages == 0:
+        out_indices.copy_(last_loc.to(torch.int64) + 1)
+        return
+    out_indices.copy_(decode_layout(seq_lens, last_loc, free_pages[:num_new_pages], page_size))
+
+
+LAYOUTS = ("torch", "triton")
+
+
+def layout_ops(layout: str):
+    """The (extend, decode) layout functions of ``layout``: "torch" (this module) or
+    "triton" (``impl.triton_layout``, imported only here, so impl runs without triton)."""
+    if layout == "torch":
+        return extend_layout, decode_layout
+    if layout == "triton":
+        from impl import triton_layout
+
+        return triton_layout.extend_layout, triton_layout.decode_layout
+    raise ValueError(f"layout={layout!r} is unknown; use one of {', '.join(LAYOUTS)}")
+
+
 class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     def __init__(
         self,
@@ -115,10 +177,14 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         device,
         kvcache,
         need_sort: bool,
+        *,
+        layout: str = "torch",
     ):
         if page_size < 1:
             raise ValueError(f"page_size={page_size} must be >= 1")
         super().__init__(size, page_size, dtype, device, kvcache, need_sort)
+        self.layout = layout
+        self._extend_layout, self._decode_layout = layout_ops(layout)
         self._capacity = size
         self.num_pages = size // page_size
         self._page_offsets = torch.arange(page_size, dtype=torch.int64, device=device)
@@ -126,18 +192,30 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
     def clear(self) -> None:
         # Page 0 holds the padding slot: never free.
+        self._staged, self._num_staged = [], 0
         self.free_pages = torch.arange(
             1, self.num_pages + 1, dtype=torch.int64, device=self.device
         )
-        self._staged, self._num_staged = [], 0
         self.free_group = None
-        self.free_page_reps_group: list[torch.Tensor] = []
+        # Page ids held by an open group (free_page_ids, free_segment).
+        self.free_page_ids_group: list[torch.Tensor] = []
+
+    @property
+    def staged_pages(self) -> list:
+        """sglang 0.5.23's name for the staged chunks (need_sort only; see impl.base)."""
+        if self._staged and not self.need_sort:
+            self._merge_staged(sort=False)
+        return list(self._staged)
+
+    @property
+    def num_staged_pages(self) -> int:
+        return self._num_staged if self.need_sort else 0
 
     # ------------------------------------------------------------ alloc
 
     def alloc(self, need_size: int) -> Optional[torch.Tensor]:
         if need_size < 0 or need_size % self.page_size != 0:
-            raise ValueError(
+            raise PageAlignmentError(
                 f"alloc: need_size={need_size} is not a non-negative multiple of "
                 f"page_size={self.page_size}; round it up to whole pages"
             )
@@ -205,11 +283,18 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     def _extend(self, prefix_lens, seq_lens, last_loc, extend_num_tokens, num_new_pages):
         """alloc_extend after its argument checks (the hybrid checks once for both pools)."""
         if self.debug_mode:
-            assert torch.all((last_loc + 1) % self.page_size == prefix_lens % self.page_size)
+            # Only a row that continues a page reads last_loc. (sglang checks
+            # every row, so an aligned prefix whose last SWA peer was evicted,
+            # translated to last_loc 0, trips its check on a legal call.)
+            ps = self.page_size
+            cont = prefix_lens % ps != 0
+            assert torch.all(((last_loc + 1) % ps == prefix_lens % ps) | ~cont), (
+                "alloc_extend: last_loc does not sit just before prefix_len in its page"
+            )
         pages = self._take_pages(int(num_new_pages))
         if pages is None:
             return None
-        out = extend_layout(
+        out = self._extend_layout(
             prefix_lens, seq_lens, last_loc, pages, self.page_size, extend_num_tokens
         )
         if self.debug_mode:
@@ -231,11 +316,18 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     def _decode(self, seq_lens, last_loc, num_new_pages):
         """alloc_decode after its argument checks."""
         if self.debug_mode:
-            assert torch.all((last_loc + 2) % self.page_size == seq_lens % self.page_size)
+            ps = self.page_size
+            cont = (seq_lens - 1) % ps != 0  # as in _extend: rows that read last_loc
+            assert torch.all(((last_loc + 2) % ps == seq_lens % ps) | ~cont), (
+                "alloc_decode: last_loc does not sit just before the new position in its page"
+            )
         pages = self._take_pages(num_new_pages)
         if pages is None:
             return None
-        return decode_layout(seq_lens, last_loc, pages, self.page_size)
+        out = self._decode_layout(seq_lens, last_loc, pages, self.page_size)
+        if self.debug_mode:
+            assert len(torch.unique(out)) == len(out), "decode layout repeats a slot"
+        return out
 
     # ------------------------------------------------------------ free
 
@@ -246,9 +338,10 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         if self.free_group is not None:
             self.free_group.append(self._copy_for_free_group(free_index))
             return
-        self._stage(torch.unique(free_index.to(torch.int64) // self.page_size))
+        pages = torch.unique(free_index.to(torch.int64) // self.page_size)
         if self.debug_mode:
-            self._debug_check_no_duplicate_pages()
+            self._debug_check_release(pages, "free")
+        self._stage(pages)
 
     def free_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
         """Release the pages under one request's positions start_pos.. .
@@ -267,25 +360,43 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
                 torch.sort(reps.cpu() // self.page_size).values,
                 torch.unique(free_index.cpu() // self.page_size),
             ), "free_segment: the row's positions are not page-consecutive"
-        if self.free_group is not None:
-            self.free_page_reps_group.append(self._copy_for_free_group(reps))
-            return
-        self._stage(reps.to(torch.int64) // self.page_size)
-        if self.debug_mode:
-            self._debug_check_no_duplicate_pages()
+        self.free_page_ids(reps.to(torch.int64) // self.page_size)
 
-    def _debug_check_no_duplicate_pages(self) -> None:
-        pages = self.get_all_free_pages()
-        assert len(torch.unique(pages)) == len(pages), "a page is free twice"
+    def free_page_ids(self, page_ids: torch.Tensor) -> None:
+        """Release exactly these pages: no dedup, so none may be named twice,
+        and page 0 never (debug mode checks both, and that none is free).
+
+        Inside a free group they are held (a copy) until ``free_group_end``.
+        """
+        if page_ids.numel() == 0:
+            return
+        if self.free_group is not None:
+            self.free_page_ids_group.append(self._copy_for_free_group(page_ids))
+            return
+        if self.debug_mode:
+            self._debug_check_release(page_ids, "free_page_ids")
+        self._stage(page_ids.reshape(-1).to(torch.int64, copy=True))
 
     def free_group_begin(self) -> None:
         super().free_group_begin()
-        self.free_page_reps_group = []
+        self.free_page_ids_group = []
 
     def free_group_end(self) -> None:
-        reps, self.free_page_reps_group = self.free_page_reps_group, []
-        super().free_group_end()
-        if reps:
-            self._stage(torch.cat(reps).to(torch.int64) // self.page_size)
-        if self.debug_mode:
-            self._debug_check_no_duplicate_pages()
+        parts = []
+        if self.free_group:
+            parts.append(torch.unique(torch.cat(self.free_group).to(torch.int64) // self.page_size))
+        if self.free_page_ids_group:
+            parts.append(torch.cat(self.free_page_ids_group).to(torch.int64))
+        pages = torch.cat(parts) if parts else None
+        if self.debug_mode and pages is not None:
+            # Before the group closes: a refused end leaves the group as it was.
+            self._debug_check_release(pages, "free_group_end")
+        self.free_group, self.free_page_ids_group = None, []
+        if pages is not None:
+            self._stage(pages)
+
+    def get_cpu_copy(self, indices, mamba_indices=None, req_pool_index=None):
+        return self._kv_get_cpu_copy(indices)
+
+    def load_cpu_copy(self, kv_cache_cpu, indices, mamba_indices=None, req_pool_index=None):
+        return self._kv_load_cpu_copy(kv_cache_cpu, indices)

@@ -56,6 +56,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     _swa_ring_cost = 0
     _req_to_token_pool = None
     _swa_to_full = None
+    layout = "torch"
 
     def __init__(
         self,
@@ -69,6 +70,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         req_to_token_pool=None,
         *,
         backend: str = "auto",
+        layout: str = "torch",
     ):
         _require_kvcache(kvcache)
         ring_size = getattr(kvcache, "swa_req_ring_size", None)
@@ -93,7 +95,6 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         self.device = device
         self.page_size = page_size
         self.need_sort = need_sort
-        self.debug_mode = False
         self._backend = get_backend(backend, device)
 
         full_kv_pool = getattr(kvcache, "full_kv_pool", None)
@@ -107,11 +108,12 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             )
         else:
             self.full_attn_allocator = PagedTokenToKVPoolAllocator(
-                size, page_size, dtype, device, full_kv_pool, need_sort
+                size, page_size, dtype, device, full_kv_pool, need_sort, layout=layout
             )
             self.swa_attn_allocator = PagedTokenToKVPoolAllocator(
-                size_swa, page_size, dtype, device, swa_kv_pool, need_sort
+                size_swa, page_size, dtype, device, swa_kv_pool, need_sort, layout=layout
             )
+        self.layout = layout
 
         # size + page_size entries reach the last slot of the last page; the
         # extra final entry is the -1 sentinel (see the module docstring).
@@ -136,6 +138,8 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         self._staged, self._num_staged = [], 0
         self.free_group = None
         self.swa_free_group: list[torch.Tensor] = []
+        # SWA page ids free_swa_segment resolved inside an open group.
+        self.swa_page_ids_group: list[torch.Tensor] = []
         self._kvcache = kvcache
 
         self._swa_req_ring = ring_size is not None
@@ -158,6 +162,19 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
         self.clear()
         self._kvcache.register_mapping(self.full_to_swa_index_mapping)
+
+    # ------------------------------------------------------------ debug
+
+    @property
+    def debug_mode(self) -> bool:
+        """The sub-allocators hold the debug switch, as in sglang, where the
+        hybrid reads ``swa_attn_allocator.debug_mode``; setting it here sets both."""
+        return self.swa_attn_allocator.debug_mode
+
+    @debug_mode.setter
+    def debug_mode(self, value: bool) -> None:
+        self.full_attn_allocator.debug_mode = bool(value)
+        self.swa_attn_allocator.debug_mode = bool(value)
 
     # ------------------------------------------------------------ ring
 
@@ -225,6 +242,10 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
     def translate_loc_from_full_to_swa(self, kv_indices: torch.Tensor) -> torch.Tensor:
         return self._kvcache.translate_loc_from_full_to_swa(kv_indices)
+
+    def translate_swa_indices_for_transfer(self, kv_indices: torch.Tensor) -> torch.Tensor:
+        """Full slot ids to the SWA slots a KV transfer moves for them."""
+        return self.translate_loc_from_full_to_swa(kv_indices)
 
     def set_full_to_swa_mapping(self, full_indices: torch.Tensor, swa_indices: torch.Tensor) -> None:
         if full_indices.numel() == 0:
@@ -460,14 +481,18 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         if self.page_size == 1:
             # Dropping unpaired entries here would need a boolean mask, whose
             # result size the host must read back; the check reports them.
-            where = free_index
-            swa = self.full_to_swa_index_mapping[where]
+            swa = self.full_to_swa_index_mapping[free_index]
             expect(SWA_PEER_MAPPED, swa > 0, msg="slot has no SWA peer; the caller wants free_full")
+            self.clear_full_to_swa_mapping(free_index)
+        elif self.layout == "triton":
+            swa = self._gather_and_clear(free_index)
+            # The reverse map loses the SWA slots read, as _unlink_reverse does
+            # on the torch path.
+            self._backend.zero_fill(self._swa_to_full, swa)
         else:
             where = self._expand_to_full_pages(free_index)
             swa = self.full_to_swa_index_mapping[where]
-
-        self.clear_full_to_swa_mapping(where)
+            self.clear_full_to_swa_mapping(where)
 
         if self.free_group is not None:
             # Hold the SWA ids as read now, not the full ids: before the group
@@ -477,6 +502,60 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             return
         self._release_swa(swa)
 
+    def free_swa_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        """``free_swa`` for positions start_pos.. of one request (sglang 0.5.23).
+
+        One representative per page, ``free_index[::page_size]``: each one's
+        peer page is released whole, and the mapping of the representative's
+        whole full page is cleared. That needs no unique and no mask, so the
+        shapes are known in advance. The caller's side: start_pos is
+        page-aligned; every representative has a peer (``swa.peer_mapped``
+        otherwise); the full and SWA pages are paired in step, i.e. each full
+        page's peers lie on its representative's peer page and that SWA page
+        pairs with no other full page (debug mode checks the first half).
+        Inside a free group the SWA pages are resolved now and held. A no-op
+        in ring mode, whose SWA side is not paged.
+        """
+        _check_page_aligned(start_pos, self.page_size)
+        if self._swa_req_ring or free_index.numel() == 0:
+            return
+        ps = self.page_size
+        reps = free_index[::ps].to(torch.int64)
+        swa = self.full_to_swa_index_mapping[reps]
+        expect(SWA_PEER_MAPPED, swa > 0, msg="page representative has no SWA peer; the caller wants free_full")
+        if ps == 1:
+            where, swa_pages = reps, swa
+        else:
+            where = self._expand_to_full_pages(reps)
+            swa_pages = swa // ps
+            if self.swa_attn_allocator.debug_mode:
+                self._debug_check_segment_pages(where, swa_pages)
+        self.clear_full_to_swa_mapping(where)
+        if self.free_group is not None:
+            self.swa_page_ids_group.append(swa_pages)
+            return
+        self.swa_attn_allocator.free_page_ids(swa_pages)
+
+    def _debug_check_segment_pages(self, where: torch.Tensor, swa_pages: torch.Tensor) -> None:
+        """The representatives' SWA pages are exactly the pages the segment's
+        full pages map into, each once (sglang's check; a dead representative
+        gives page 0 and fails it)."""
+        ref = self.full_to_swa_index_mapping[where].cpu()
+        got = torch.sort(swa_pages.cpu()).values
+        want = torch.unique(ref[ref > 0] // self.page_size)
+        assert torch.equal(got, want), (
+            f"free_swa_segment: representatives' SWA pages {got.tolist()[:8]} differ from "
+            f"the pages the segment's full pages map into {want.tolist()[:8]} (a "
+            "representative with no peer, or full and SWA pages not paired in step)"
+        )
+
+    def _gather_and_clear(self, free_index: torch.Tensor) -> torch.Tensor:
+        """The triton layout's free_swa read: the mapping entries of every page
+        ``free_index`` touches (a page touched twice read twice), then zeroed."""
+        from impl.triton_layout import gather_and_clear_pages
+
+        return gather_and_clear_pages(free_index, self.full_to_swa_index_mapping, self.page_size)
+
     def _release_swa(self, swa_indices: torch.Tensor) -> None:
         ps = self.page_size
         if ps > 1:
@@ -484,11 +563,13 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             # (e.g. a load-back whose SWA chunk began mid-page); their 0 must
             # not reach the free list. And a page another full page still
             # pairs into stays owned: it goes when its last pair does.
-            # One mask (one sync) per release.
-            pages = swa_indices // ps
+            # Each page is looked at once (one mask and one unique, so host syncs,
+            # per release): the expansion repeats a page for every index on it,
+            # and a check per repeat would cost page_size squared a page.
+            pages = torch.unique(swa_indices[swa_indices > 0] // ps)
             on_page = pages[:, None] * ps + torch.arange(ps, device=swa_indices.device)[None, :]
             still_paired = self._swa_to_full[on_page].ne(0).any(dim=1)
-            swa_indices = swa_indices[(swa_indices > 0) & ~still_paired]
+            swa_indices = pages[~still_paired] * ps
         self.swa_attn_allocator.free(swa_indices)
         assert self.swa_attn_allocator.available_size() <= self.swa_attn_allocator.size
 
@@ -512,7 +593,12 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         if free_index.numel() == 0:
             return
         # Mapping reads before anything else, for the reason given in free().
-        self.free_swa(free_index)
+        if self.layout == "triton" and self.page_size > 1:
+            # The row is page-consecutive from an aligned start, so one index per
+            # page (as the full half's free_segment takes) names every page.
+            self.free_swa(free_index[:: self.page_size])
+        else:
+            self.free_swa(free_index)
         self.full_attn_allocator.free_segment(free_index, start_pos=start_pos)
 
     def free_full_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
@@ -531,12 +617,16 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     def free_group_begin(self) -> None:
         super().free_group_begin()
         self.swa_free_group = []
+        self.swa_page_ids_group = []
         # Full-side frees are held by full_attn_allocator's own group; this
         # object keeps only the SWA ids it resolved at enqueue.
         self.full_attn_allocator.free_group_begin()
 
     def free_group_end(self) -> None:
         self.free_group = None
+        pages, self.swa_page_ids_group = self.swa_page_ids_group, []
+        if pages:
+            self.swa_attn_allocator.free_page_ids(torch.cat(pages))
         held, self.swa_free_group = self.swa_free_group, []
         if held:
             self._release_swa(torch.cat(held))
@@ -604,6 +694,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             self._swa_to_full.fill_(0)
         self.free_group = None
         self.swa_free_group = []
+        self.swa_page_ids_group = []
 
     def get_cpu_copy(self, indices, mamba_indices=None, req_pool_index=None):
         return self._kvcache.get_cpu_copy(
@@ -642,7 +733,6 @@ class PureSWATokenToKVPoolAllocator(SWATokenToKVPoolAllocator):
         self.dtype = dtype
         self.device = device
         self.need_sort = need_sort
-        self.debug_mode = False
         self._backend = get_backend(backend, device)
         self._size_full = self._size_swa = size_swa
 
@@ -715,6 +805,10 @@ class PureSWATokenToKVPoolAllocator(SWATokenToKVPoolAllocator):
 
     def free_swa(self, free_index: torch.Tensor) -> None:
         self.free(free_index)
+
+    def free_swa_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        # page_size 1: every start is aligned and each slot is its own page.
+        self.free_swa(free_index)
 
     def free_full(self, free_index: torch.Tensor) -> None:
         # Every layer reads the SWA pool, so there is no separate full slot to

@@ -18,12 +18,12 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     def clear(self) -> None:
         # Padded batch entries write their junk KV into slot 0, so it is kept
         # out of circulation for good.
-        self.free_pages = torch.arange(1, self.size + 1, dtype=torch.int64, device=self.device)
         self._staged, self._num_staged = [], 0
+        self.free_pages = torch.arange(1, self.size + 1, dtype=torch.int64, device=self.device)
         self.free_group = None
 
     def available_size(self) -> int:
-        return len(self.free_pages) + self._num_staged
+        return len(self._free_pages) + self._num_staged
 
     def alloc(self, need_size: int) -> Optional[torch.Tensor]:
         if need_size < 0:
@@ -38,3 +38,18 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             return
         # A private copy: the caller keeps ownership of its tensor.
         self._stage(free_index.reshape(-1).to(torch.int64, copy=True))
+
+    def free_page_ids(self, page_ids: torch.Tensor) -> None:
+        """Free exactly these pages; at page_size 1 a page id is a slot id.
+
+        The caller names no page twice and never page 0. As in sglang 0.5.23
+        the token allocator has no debug checks; held by an open free group
+        like any free.
+        """
+        self.free(page_ids)
+
+    def get_cpu_copy(self, indices, mamba_indices=None, req_pool_index=None):
+        return self._kv_get_cpu_copy(indices)
+
+    def load_cpu_copy(self, kv_cache_cpu, indices, mamba_indices=None, req_pool_index=None):
+        return self._kv_load_cpu_copy(kv_cache_cpu, indices)

@@ -9,19 +9,26 @@ and the state the call touched. A full census (every page, every peer) runs ever
 
 from __future__ import annotations
 
+import contextlib
+import os
+import traceback
 import types
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
+from impl import config as config_schema
 from properties import observe
 from properties.steps import (
-    Admit, AdmitTail, Break, Clear, Decode, DropTail, Evict, Extend, Finish,
-    GroupBegin, GroupEnd, MergeSort, Repair, Resize, Step, StepFormatError,
+    NEW, PAGE_ID_BREAKS, Admit, AdmitTail, Break, CacheFree, Clear, Decode, DropTail, Empty, Evict,
+    EvictSegment, Extend, Finish, FreePages, GroupBegin, GroupEnd, MergeSort, Prefill, Repair, Resize,
+    Resume, Retract, Step, StepFormatError,
 )
 from reference import Contract, Model, Violation, layout, names
 
+LARGE_POOL_PAGES = 8192  # above this, no census at construction (see Lockstep)
 RELEASED = -1  # a pure SWA row's position whose slot window eviction released
 _TOLERATED = object()  # result of a call whose broken contract the target accepted
 
@@ -41,8 +48,69 @@ def runs_of(slots: list[int], pred) -> list[tuple[int, int]]:
     return out
 
 
-CONFIG_KEYS = ("kind", "size", "size_swa", "page_size", "device", "need_sort", "ring_size", "req_slots", "check_level", "debug_memory_pool")
-LEVELS = ("off", "warn", "strict")
+CONFIG_KEYS = config_schema.KEYS
+LEVELS = config_schema.LEVELS
+_HARNESS_DIRS = tuple(str(Path(__file__).resolve().parent.parent / d) + os.sep for d in ("properties", "reference", "fuzz"))
+
+
+class TargetCrash(Exception):
+    """The target raised where the harness did not call it to be refused: building it,
+    or reading its state. `original` is what it raised."""
+
+    def __init__(self, what: str, original: BaseException):
+        self.original = original
+        super().__init__(f"the target raised {type(original).__name__} while {what}: {original}")
+
+
+class HarnessError(Exception):
+    """The harness's own code (model, driver, observation) raised: a bug here, not in the
+    target. `traceback` is the formatted traceback of the original exception."""
+
+    def __init__(self, where: str, original: BaseException):
+        self.original = original
+        self.traceback = "".join(traceback.format_exception(original))
+        super().__init__(f"harness error at {where}: {type(original).__name__}: {original}")
+
+
+def raised_in_harness(exc: BaseException) -> bool:
+    """Whether the innermost frame that raised `exc` is the harness's own code."""
+    tb = exc.__traceback__
+    if tb is None:
+        return True
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_HARNESS_DIRS)
+
+
+class Observer:
+    """Watches every Lockstep driver built while it is registered (`observing`): a
+    campaign journals and counts steps through it. Methods are called with the driver."""
+
+    def started(self, ls: "Lockstep") -> None:
+        """A driver was built (once per example; a restart inside it is not a new start)."""
+
+    def before_step(self, ls: "Lockstep", step: Step) -> None:
+        """A step is about to run (it is already in `ls.trace`)."""
+
+    def after_step(self, ls: "Lockstep", step: Step) -> None:
+        """A step ended: it ran, failed, or restarted the run."""
+
+
+_OBSERVERS: list[Observer] = []
+
+
+@contextlib.contextmanager
+def observing(observer: Observer):
+    """Register `observer` for every driver built and every step run inside the block."""
+    _OBSERVERS.append(observer)
+    try:
+        yield observer
+    finally:
+        _OBSERVERS.remove(observer)
+
+
+class _Unchecked(Exception):
+    """A call whose effect the model cannot predict ran: the run ends after it."""
 
 
 class LockstepFailure(AssertionError):
@@ -87,25 +155,24 @@ def failure_class(invariant: str) -> type[LockstepFailure]:
     return cls
 
 
+def asserts_kill(device) -> bool:
+    """Whether a guard at strict on ``device`` is a device assert that kills the process."""
+    return torch.device(device).type == "cuda"
+
+
+def target_config(cfg: dict) -> dict:
+    """What a target's factory is handed: the keys of SPEC 4.3, and the keys beyond
+    them only where they differ from their defaults, so a factory written before
+    those keys existed builds every configuration that does not need them."""
+    return {k: v for k, v in cfg.items() if k in config_schema.SPEC_KEYS or v != config_schema.DEFAULTS.get(k)}
+
+
 def check_config(config: dict) -> dict:
-    """A complete, validated configuration (SPEC 4.3); ValueError names a bad key."""
-    cfg = {"device": "cpu", "need_sort": False, "ring_size": None, "req_slots": None, "check_level": "strict"}
-    cfg.update(config)
-    unknown = set(cfg) - set(CONFIG_KEYS) - {"backend"}
-    if unknown:
-        raise ValueError(f"unknown config key {sorted(unknown)[0]!r}; known: {', '.join(CONFIG_KEYS)}")
-    if cfg.get("kind") not in ("hybrid", "pure_swa"):
-        raise ValueError(f"config key 'kind' must be 'hybrid' or 'pure_swa', got {cfg.get('kind')!r}")
-    for key in ("size", "size_swa", "page_size"):
-        v = cfg.get(key)
-        if isinstance(v, bool) or not isinstance(v, int) or v < (1 if key == "page_size" else 0):
-            raise ValueError(f"config key {key!r} must be a non-negative integer (page_size >= 1), got {v!r}")
-    if cfg["check_level"] not in LEVELS:
-        raise ValueError(f"config key 'check_level' must be one of {', '.join(LEVELS)}, got {cfg['check_level']!r}")
-    if not isinstance(cfg.get("debug_memory_pool", False), bool):
-        raise ValueError(f"config key 'debug_memory_pool' must be true or false, got {cfg['debug_memory_pool']!r}")
-    if cfg["ring_size"] is not None and not isinstance(cfg["req_slots"], int):
-        raise ValueError("config key 'req_slots' must be an integer when 'ring_size' is set")
+    """A complete, validated configuration (SPEC 4.3, `impl.config`); ConfigError (a
+    ValueError) names the bad key. The driver needs a level: strict unless one is given."""
+    cfg = config_schema.validate(config)
+    if cfg["check_level"] is None:
+        cfg["check_level"] = "strict"
     return cfg
 
 
@@ -117,11 +184,16 @@ class _Row:
     slots: list[int]
     req_slot: int | None = None
     buf: torch.Tensor | None = None
+    # The first `shared` positions are a cached entry's (`src`), reused, not owned:
+    # the request never frees them, and the entry stays locked while it lives.
+    shared: int = 0
+    src: int | None = None
 
     def append(self, chunk: torch.Tensor) -> None:
         n, have = len(self.slots), 0 if self.buf is None else self.buf.numel()
         if n > have:
-            grown = torch.zeros(max(2 * have, n, 8), dtype=torch.int64, device=chunk.device)
+            # int32, as sglang's req_to_token: the frees get int32 views of it.
+            grown = torch.zeros(max(2 * have, n, 8), dtype=torch.int32, device=chunk.device)
             if have:
                 grown[:have] = self.buf
             self.buf = grown
@@ -136,55 +208,132 @@ class _Row:
             self.buf[lo:].fill_(0)
 
 
+# SPEC 2.1: what each guard does when its contract is broken, by level (the bucket x
+# level matrix). swa.peer_mapped is FATAL_UNCONTAINABLE, swa.peer_released GUARD; at
+# off nothing is evaluated, so nothing is counted either.
+GUARD_REACTIONS = {
+    names.PEER_MAPPED: {"off": "silent", "warn": "crash", "strict": "crash"},
+    names.PEER_RELEASED: {"off": "silent", "warn": "count", "strict": "crash"},
+}
+
+
+@dataclass
+class _Retracted:
+    """A retracted request: its host copy, and what it must read once resumed."""
+
+    length: int
+    shared: int
+    src: int | None
+    copy: object  # whatever the target's get_cpu_copy returned; opaque here
+    paired: list[bool]  # per own position: whether it held SWA KV when copied
+
+
+def bucket(n: int) -> str:
+    """Batch-size bucket for the coverage table."""
+    return "1" if n <= 1 else "2-4" if n <= 4 else "5-16" if n <= 16 else "17+"
+
+
 @dataclass
 class _Reaction:
     """What the target must do with one call, from the contract and the level."""
 
-    kind: str  # "run": legal; "raise": clear error, state unchanged; "count"/"silent": accepted
+    kind: str  # "run": legal; "raise": refused, state unchanged; "skip": not sent; "count"/"silent": accepted
     contract: Contract | None = None
 
 
-def _expected(contract: Contract | None, level: str) -> _Reaction:
+def _expected(contract: Contract | None, level: str, debug: bool = False) -> _Reaction:
     if contract is None:
         return _Reaction("run")
+    if debug and contract.debug_refuses and not (contract.reaction in names.GUARDS and level != "off"):
+        # sglang's debug mode asserts before anything changes (a guard that is on
+        # still speaks first).
+        return _Reaction("raise", contract)
     if contract.reaction == names.ERROR:
         return _Reaction("raise", contract)
     if contract.reaction == names.UNNOTICED:
         return _Reaction("skip", contract)
-    # The guards (SPEC 2.1): swa.peer_mapped is FATAL_UNCONTAINABLE, swa.peer_released GUARD.
-    if level == "off":
-        return _Reaction("silent", contract)
-    if level == "warn" and contract.reaction == names.PEER_RELEASED:
-        return _Reaction("count", contract)
-    return _Reaction("raise", contract)
+    guard = GUARD_REACTIONS[contract.reaction][level]
+    return _Reaction("raise" if guard == "crash" else guard, contract)
+
+
+def _guard_wants(contract: Contract | None, level: str) -> dict[str, str]:
+    """Each guard's owed reaction to one call: its own contract's entry, silent otherwise."""
+    return {g: GUARD_REACTIONS[g][level] if contract is not None and contract.reaction == g else "silent" for g in names.GUARDS}
 
 
 @dataclass
 class Lockstep:
-    """Runs steps on a model and a target allocator in lockstep."""
+    """Runs steps on a model and a target allocator in lockstep.
+
+    A call whose effect the model cannot follow (a broken contract the target accepted
+    and then ran on, e.g. swa.peer_mapped at level off) ends its run: the state is
+    censused before the call, and after it the driver builds a fresh model and target
+    and goes on, so every later step is still compared. `counters()` says how many
+    steps ran, how many were compared, and how many runs were restarted.
+    """
 
     config: dict
     target: object  # make(config) -> allocator
     census_every: int = 16
     rows: dict[int, _Row] = field(default_factory=dict)
     labels: Counter = field(default_factory=Counter)
+    # (method, argument shape) -> calls: the coverage table of SPEC 4.6.
+    shapes: Counter = field(default_factory=Counter)
+    # Finished requests the cache keeps (their rows), how many live rows reuse each,
+    # and retracted requests waiting to resume.
+    cache: dict[int, _Row] = field(default_factory=dict)
+    locks: Counter = field(default_factory=Counter)
+    retracted: dict[int, _Retracted] = field(default_factory=dict)
+    # On CUDA a guard at strict is torch._assert_async: it kills the process, so an
+    # in-process run (the hypothesis machine) does not send such a break; a replay,
+    # which runs in a child process, does. None: skip where the device kills.
+    skip_device_asserts: bool | None = None
 
     def __post_init__(self):
         self.config = check_config(self.config)
         c = self.config
-        self.alloc = self.target(dict(c))
-        self.model = Model(c["kind"], c["size"], c["size_swa"], c["page_size"], c["need_sort"], c["ring_size"], c["req_slots"])
         self.ps = c["page_size"]
         self.level = c["check_level"]
-        self.device = self.alloc.full_to_swa_index_mapping.device
-        self.tags = observe.Tags(self.alloc)
-        self.ghosts: dict[int, list[int]] = {}
+        self.debug = c["debug_memory_pool"]
+        if self.skip_device_asserts is None:
+            self.skip_device_asserts = asserts_kill(c["device"])
         self.index = -1
         self.step: Step | None = None
-        self.tainted: str | None = None
         self.steps_run = 0
+        self.steps_compared = 0
+        self.runs_restarted = 0
+        self.restarted_because: str | None = None
         self.trace: list[Step] = []
-        self.census()
+        # Steps at which a guard refused a call at strict (a dead process on CUDA).
+        self.guard_refusals: list[int] = []
+        self._build()
+        for o in _OBSERVERS:
+            o.started(self)
+        # The state as built. Above LARGE_POOL_PAGES this O(pool) check is left to the
+        # periodic and closing census: a shrink replays an example hundreds of times.
+        if self.model.full.num_pages <= LARGE_POOL_PAGES:
+            self.census()
+
+    def _build(self) -> None:
+        """A fresh target and model for the configuration, with no requests."""
+        c = self.config
+        try:
+            self.alloc = self.target(target_config(c))
+        except NotImplementedError:
+            raise  # SPEC 4.3: a configuration the target does not build
+        except Exception as e:
+            raise TargetCrash(f"building the allocator for {c}", e) from e
+        self.model = Model(c["kind"], c["size"], c["size_swa"], c["page_size"], c["need_sort"], c["ring_size"], c["req_slots"])
+        self.device = self.alloc.full_to_swa_index_mapping.device
+        self.tags = observe.Tags(self.alloc)
+        self.rows = {}
+        self.ghosts: dict[int, list[int]] = {}
+        self.cache, self.locks, self.retracted = {}, Counter(), {}
+
+    def counters(self) -> dict[str, int]:
+        """Steps run, steps whose every call was compared with the model, runs restarted
+        after a call the model could not follow."""
+        return {"steps_run": self.steps_run, "steps_compared": self.steps_compared, "runs_restarted": self.runs_restarted}
 
     # ----------------------------------------------------------- plumbing
     def _fail(self, violations: list[Violation] | Violation) -> None:
@@ -194,6 +343,10 @@ class Lockstep:
             raise failure_class(violations[0].invariant)(
                 violations[0].invariant, self.index, self.step, [str(v) for v in violations], self.config, list(self.trace)
             )
+
+    def _last_loc(self, last: list[int]) -> torch.Tensor:
+        """last_loc as a scheduler reads it out of req_to_token: int32."""
+        return torch.tensor(last, dtype=torch.int32, device=self.device)
 
     def _t(self, values, cpu: bool = False) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int64, device="cpu" if cpu else self.device)
@@ -212,14 +365,46 @@ class Lockstep:
             raise StepFormatError(field_name, f"request {rid} is not live")
         return row
 
+    def _check_guards(self, what: str, contract: Contract | None, exc: Exception | None, before, after) -> None:
+        """Each guard crashed, counted or stayed silent exactly as owed (SPEC 2.1, 3.3)."""
+        wants = _guard_wants(contract, self.level)
+        named = getattr(exc, "invariant", None)
+        on = f"on the legal call {what}" if contract is None else f"on {what}, which breaks {contract}"
+        for g, want in wants.items():
+            counted = None if before is None or after is None else after.get(g, 0) - before.get(g, 0)
+            if named == g:
+                got = "crash"
+            elif counted:
+                got = "count"
+            elif counted is None and want == "count":
+                continue  # SPEC 4.3: a target without invariant_hits() is not compared on counts
+            elif want == "crash" and exc is not None and named is None:
+                # An error naming no invariant (a device assert names none) stands for
+                # the guard's crash; _check_unchanged then makes sure it changed nothing.
+                got = "crash"
+            else:
+                got = "silent"
+            if got != want:
+                said = {"crash": "crashed", "count": f"counted {counted} hits", "silent": "stayed silent"}[got]
+                evaluated = " (at off a guard is not even evaluated)" if self.level == "off" and got != "silent" else ""
+                self._fail(Violation(g, f"{g} {said} at level {self.level} {on}; it must {want} there{evaluated}"))
+
     def _invoke(self, what: str, fn, contract: Contract | None):
         """Run one call as its contract and the level require; returns (ran, result)."""
-        reaction = _expected(contract, self.level)
-        if reaction.kind == "skip":
-            self.labels[f"contract broken: {contract.name}"] += 1
+        reaction = _expected(contract, self.level, self.debug)
+        if reaction.kind == "raise" and self.skip_device_asserts and contract.reaction in names.GUARDS:
+            self.labels[f"not sent where a guard kills the process: {contract.name}"] += 1
             return False, None
-        if reaction.kind == "raise":
-            # Whatever is already wrong is named now, not blamed on the refusal below.
+        if reaction.kind == "skip":
+            # SPEC 3.2: a break the allocator need not notice is never sent.
+            if isinstance(self.step, Break):
+                self.labels[f"contract break not sent: {self.step.kind} ({contract.name})"] += 1
+            else:
+                self.labels[f"workload step breaks a contract, not sent: {contract.name}"] += 1
+            return False, None
+        if reaction.kind != "run":
+            # Whatever is already wrong is named now, not blamed on the break below, and
+            # a break the model may not follow leaves a checked state behind it.
             self._fail(self.census_violations())
         before = observe.hits(self.alloc)
         try:
@@ -227,51 +412,39 @@ class Lockstep:
         except Exception as e:  # a target's error is data here, compared below
             result, exc = None, e
         after = observe.hits(self.alloc)
-        if exc is not None and reaction.kind in ("count", "silent"):
-            # The allocator accepted a broken contract and then failed on what it let in.
-            self.labels[f"guard {reaction.kind}: {contract.reaction}"] += 1
-            self.tainted = f"step {self.index}: {contract} accepted at level {self.level}, then {type(exc).__name__}"
-            return False, None
-        if exc is not None and reaction.kind != "raise":
-            inv = getattr(exc, "invariant", None) or "crash"
-            detail = f"{what} raised {type(exc).__name__}: {exc}"
-            if contract is None:
-                detail += " on a legal call"
-            self._fail(Violation(inv, detail))
-        if exc is None and reaction.kind == "raise":
-            inv = contract.reaction if contract.reaction in names.GUARDS else f"contract.{contract.name}"
-            self._fail(Violation(inv, f"{what} returned normally, but {contract} must raise at level {self.level}"))
-        if exc is not None:
-            named = getattr(exc, "invariant", None)
-            if contract.reaction in names.GUARDS and named not in (None, contract.reaction):
-                self._fail(Violation(contract.reaction, f"{what} raised for {named}, want {contract.reaction}"))
-        if before is not None and after is not None:
-            for g in names.GUARDS:
-                fired = after.get(g, 0) > before.get(g, 0)
-                should = reaction.kind == "count" and contract.reaction == g
-                if fired and not should and reaction.kind != "raise":
-                    self._fail(Violation(g, f"{what} counted {after.get(g, 0) - before.get(g, 0)} hits of {g} on a call that keeps the contract" if contract is None else f"{what} counted {g} for {contract}"))
-                if should and not fired:
-                    self._fail(Violation(g, f"{what} counted no hit of {g} at level warn for {contract}"))
+        self._check_guards(what, contract, exc, before, after)
+        named = getattr(exc, "invariant", None)
+        if reaction.kind == "run":
+            if exc is not None:
+                self._fail(Violation(named or "crash", f"{what} raised {type(exc).__name__}: {exc} on a legal call"))
+            return True, result
         if reaction.kind == "raise":
-            self.labels[f"contract refused: {contract.name}"] += 1
-            # A guard owes the refusal: an error that is not the guard's (it names no
-            # invariant, as a device assert does not) counts only if nothing changed.
+            if exc is None:
+                self._fail(Violation(f"contract.{contract.name}", f"{what} returned normally, but {contract} must raise at level {self.level}"))
             guard = contract.reaction if contract.reaction in names.GUARDS else None
-            blame = guard if guard and getattr(exc, "invariant", None) != guard else names.ATOMIC
+            if named is not None and named != guard:
+                self._fail(Violation(named, f"{what} raised for {named}; {contract} must be refused with a clear error"))
+            # A guard owes the refusal: an error that is not the guard's is accepted
+            # only if nothing changed, and is blamed on the guard if something did.
+            blame = guard if guard and named != guard else names.ATOMIC
             self._check_unchanged(what, blame, exc)
+            if guard:
+                self.guard_refusals.append(self.index)
+            self.labels[f"contract refused: {contract.name}"] += 1
             return False, None
-        if reaction.kind in ("count", "silent"):
-            self.labels[f"guard {reaction.kind}: {contract.reaction}"] += 1
-            if contract.reaction == names.PEER_RELEASED:
-                # Tolerated, as production runs at warn: the model strands the peers
-                # and the run goes on (a later call must cope with the stale entries).
-                return True, _TOLERATED
-            # swa.peer_mapped accepted at off hands out the padding slot: from here on
-            # the state is the caller's fault, so this run compares nothing more.
-            self.tainted = f"step {self.index}: {contract} accepted at level {self.level}"
-            return False, None
-        return True, result
+        # Accepted (count or silent), as the level owes.
+        if exc is not None:
+            # The allocator let the break in and then failed on it: from here the state
+            # is the caller's fault, so this run ends (checked up to the call).
+            self.labels[f"guard {reaction.kind}, then the target raised: {contract.reaction}"] += 1
+            raise _Unchecked(f"{contract} accepted at level {self.level}, then {type(exc).__name__}: {exc}")
+        self.labels[f"guard {reaction.kind}: {contract.reaction}"] += 1
+        if contract.reaction == names.PEER_RELEASED:
+            # Tolerated, as production runs at warn: the model strands the peers and
+            # the run goes on (a later call must cope with the stale entries).
+            return True, _TOLERATED
+        # swa.peer_mapped accepted hands out the padding slot: the model cannot follow.
+        raise _Unchecked(f"{contract} accepted at level {self.level}")
 
     def _check_unchanged(self, what: str, blame: str, exc: Exception) -> None:
         v = self.census_violations()  # sizes included
@@ -283,6 +456,8 @@ class Lockstep:
         v = self.model.check_sizes(observe.sizes(self.alloc))
         if not self.pure and not self.ring:
             v += self.model.check_peers(touched_full, observe.peers(self.alloc, touched_full))
+        if not v and not self.ring:
+            v += self._check_resolve(touched_full)
         s = observe.sentinel(self.alloc)
         if s != -1:
             v.append(Violation(names.SENTINEL, f"mapping[-1] is {s}, not -1"))
@@ -293,6 +468,20 @@ class Lockstep:
         if returned_none:
             v = [Violation(names.ATOMIC, f"a call that returned None changed state: {x}") for x in v]
         self._fail(v)
+
+    def _check_resolve(self, full_slots: list[int]) -> list[Violation]:
+        """kv.resolve: the SWA slot attention reads for each full slot, through the
+        KV pool and through the allocator's translate, is the model's peer."""
+        full_slots = [f for f in full_slots if 0 < f < self.model.mapping_len - 1]
+        out = []
+        for via, got in observe.resolve(self.alloc, full_slots).items():
+            self._cover("translate_loc_from_full_to_swa", f"via {via}")
+            for f, g in zip(full_slots, got):
+                want = self.model.peer_of(f)
+                if g != want:
+                    out.append(Violation(names.KV_RESOLVE, f"{via}({f}) reads SWA slot {g}, the model says {want}"))
+                    break
+        return out
 
     def _tag(self, rid: int, positions: range, full: list[int]) -> None:
         if not self.tags.enabled:
@@ -321,16 +510,48 @@ class Lockstep:
 
     # ------------------------------------------------------------- public
     def run(self, step: Step) -> None:
-        """Run one step; raises LockstepFailure on a divergence, StepFormatError on a bad step."""
-        if self.tainted:
-            return
+        """Run one step. Raises LockstepFailure on a divergence, StepFormatError on a step
+        that cannot apply, TargetCrash when the target raises outside a call the harness
+        compares, HarnessError when the harness's own code raises."""
         self.index += 1
         self.step = step
         self.trace.append(step)
-        getattr(self, "_" + step.op)(step)
-        self.steps_run += 1
-        if not self.tainted and self.census_every and self.index % self.census_every == self.census_every - 1:
-            self.census()
+        for o in _OBSERVERS:
+            o.before_step(self, step)
+        try:
+            try:
+                getattr(self, "_" + step.op)(step)
+            except _Unchecked as e:
+                self.steps_run += 1
+                self._restart(str(e))
+                return
+            except (LockstepFailure, StepFormatError, TargetCrash, HarnessError):
+                raise
+            except Exception as e:
+                if raised_in_harness(e):
+                    raise HarnessError(f"step {self.index}: {step!r}", e) from e
+                raise TargetCrash(f"step {self.index} ran {step!r}", e) from e
+            self.steps_run += 1
+            self.steps_compared += 1
+            if self.census_every and self.index % self.census_every == self.census_every - 1:
+                self.census()
+        finally:
+            for o in _OBSERVERS:
+                o.after_step(self, step)
+
+    def _restart(self, why: str) -> None:
+        """End the run after a call the model cannot follow: a fresh target and model."""
+        self.runs_restarted += 1
+        self.labels["run restarted after an unchecked call"] += 1
+        self.restarted_because = f"step {self.index}: {why}"
+        self._build()
+        self.census()
+
+    def close(self) -> None:
+        """The closing census, after the last step."""
+        self.index += 1
+        self.step = None
+        self.census()
 
     def census_violations(self) -> list[Violation]:
         a = self.alloc
@@ -341,29 +562,41 @@ class Lockstep:
         open_now = getattr(a, "free_group", None) is not None
         if open_now != self.model.group_open:
             v.append(Violation(names.GROUP_DEFERRED, f"the allocator's free group is {'open' if open_now else 'closed'}, the model's {'open' if self.model.group_open else 'closed'}"))
+        if not v and not self.ring:
+            v += self._check_resolve(sorted(self.model.full.live))
         model_errors = self.model.self_check()
         if model_errors:  # the model itself broke SPEC 3.1: a harness bug, said as such
             v += [Violation(x.invariant, f"reference model inconsistent: {x.detail}") for x in model_errors]
         return v
 
     def census(self) -> None:
-        if self.tainted:
-            return
-        self._fail(self.census_violations())
+        try:
+            v = self.census_violations()
+        except Exception as e:
+            if raised_in_harness(e):
+                raise HarnessError("the census", e) from e
+            raise TargetCrash("the census read its state", e) from e
+        self._fail(v)
 
     # --------------------------------------------------------------- allocs
-    def _alloc_rows(self, what: str, batch: list[tuple[int, int, int]], new: bool) -> list[int] | None:
-        """Grow rows: batch of (rid, prefix_len, seq_len). Returns the full slots or None."""
+    def _alloc_rows(self, what: str, batch: list[tuple[int, int, int]], new: bool, tags: bool = True) -> list[int] | None:
+        """Grow rows: batch of (rid, prefix_len, seq_len). Returns the full slots or None.
+
+        tags=False leaves the new slots' KV to the caller (a resume loads it back)."""
         m, a = self.model, self.alloc
         rids = [r for r, _, _ in batch]
         prefix = [p for _, p, _ in batch]
         seq = [s for _, _, s in batch]
         last = [self.rows[r].slots[-1] if p else -1 for r, p, _ in batch]
+        short = self._short_sides(prefix, seq)
+        self._check_pages_available(prefix, seq, short)
         if self.ps == 1:
             total = sum(seq) - sum(prefix)
+            self._cover("alloc", f"batch {bucket(len(batch))}", self._prefix_kinds(batch), f"short: {short}")
             ran, res = self._invoke(f"alloc({total})", lambda: a.alloc(total), m.classify_alloc(total))
             if not ran:
                 return None
+            self._check_index_tensor(f"alloc({total})", res, total)
             full = None if res is None else res.tolist()
             swa = None if full is None or self.pure else observe.peers(a, full)
             owners = [r for r, p, s in batch for _ in range(s - p)]
@@ -371,15 +604,30 @@ class Lockstep:
         else:
             contract = m.classify_paged("alloc_decode" if what == "decode" else "alloc_extend")
             contract = contract or m.classify_continuation(prefix, last)
+            call = "alloc_decode" if what == "decode" else "alloc_extend"
             if what == "decode":
-                fn = lambda: a.alloc_decode(self._t(seq), self._t(seq, True), self._t(last))
+                opening = sum(1 for p in prefix if p % self.ps == 0)
+                self._cover(call, f"batch {bucket(len(batch))}",
+                            "new page: " + ("none" if not opening else "all" if opening == len(batch) else "some"),
+                            "order: " + ("sorted" if rids == sorted(rids) else "unsorted"), f"short: {short}")
+            else:
+                self._cover(call, f"batch {bucket(len(batch))}", self._prefix_kinds(batch), f"short: {short}")
+            if what == "decode":
+                fn = lambda: a.alloc_decode(self._t(seq), self._t(seq, True), self._last_loc(last))
             else:
                 fn = lambda: a.alloc_extend(
-                    self._t(prefix), self._t(prefix, True), self._t(seq), self._t(seq, True), self._t(last), sum(seq) - sum(prefix)
+                    self._t(prefix), self._t(prefix, True), self._t(seq), self._t(seq, True), self._last_loc(last), sum(seq) - sum(prefix)
                 )
             ran, res = self._invoke(what, fn, contract)
             if not ran:
                 return None
+            self._check_index_tensor(call, res, sum(seq) - sum(prefix))
+            if what == "decode":
+                label, n = "decode onto a new page", sum(1 for s in seq if (s - 1) % self.ps == 0)
+            else:
+                label, n = "extend from a prefix inside a page", sum(1 for p in prefix if p % self.ps)
+            if n:
+                self.labels[label] += n
             full = None if res is None else res.tolist()
             swa = None if full is None or self.ring else observe.peers(a, full)
             check = m.alloc_decode(seq, last, full, swa, rids) if what == "decode" else m.alloc_extend(prefix, seq, last, full, swa, rids)
@@ -396,8 +644,56 @@ class Lockstep:
             row.slots.extend(chunk)
             row.append(res[i : i + s - p])
             i += s - p
-            self._tag(r, range(p, s), chunk)
+            if tags:
+                self._tag(r, range(p, s), chunk)
         return full
+
+    def _short_sides(self, prefix: list[int], seq: list[int]) -> str:
+        """Which pool cannot serve this batch: none, full, swa or both (coverage)."""
+        m = self.model
+        n = layout.total_new_pages(prefix, seq, self.ps)
+        full = len(m.full.free) < n
+        swa = not (self.pure or self.ring) and len(m.swa.free) < n
+        return "both" if full and swa else "full" if full else "swa" if swa else "none"
+
+    def _check_pages_available(self, prefix: list[int], seq: list[int], short: str) -> None:
+        """new_pages_available(n, n) for the pages this batch needs must say what the
+        model says: a scheduler asks it before it forms the batch."""
+        ask = getattr(self.alloc, "new_pages_available", None)
+        if ask is None:
+            return
+        n = layout.total_new_pages(prefix, seq, self.ps)
+        ran, got = self._invoke(f"new_pages_available({n}, {n})", lambda: ask(n, n), None)
+        want = short == "none"
+        self._cover("new_pages_available", "enough" if want else "short")
+        if ran and bool(got) != want:
+            self._fail(Violation(names.CAPACITY, f"new_pages_available({n}, {n}) is {got}, the model says {want} ({self.model.free_desc()})"))
+
+    def _prefix_kinds(self, batch: list[tuple[int, int, int]]) -> str:
+        """Coverage: the prefixes of a prefill batch (zero, aligned, unaligned or mixed)."""
+        kinds = {"zero" if p == 0 else "aligned" if p % self.ps == 0 else "unaligned" for _, p, _ in batch}
+        return "prefix: " + (kinds.pop() if len(kinds) == 1 else "mixed")
+
+    def _cover(self, method: str, *shape: str) -> None:
+        for cell in shape:
+            self.shapes[(method, cell)] += 1
+
+    def _check_index_tensor(self, what: str, res, n: int) -> None:
+        """alloc.dtype: an index tensor a call returns is int64, on the allocator's
+        device, one-dimensional with one entry per position asked for."""
+        if res is None:
+            return
+        bad = None
+        if not isinstance(res, torch.Tensor):
+            bad = f"a {type(res).__name__}, not a tensor"
+        elif res.dtype != torch.int64:
+            bad = f"dtype {res.dtype}, want torch.int64"
+        elif res.device != self.device:
+            bad = f"device {res.device}, want {self.device}"
+        elif tuple(res.shape) != (n,):
+            bad = f"shape {tuple(res.shape)}, want ({n},)"
+        if bad:
+            self._fail(Violation(names.DTYPE, f"{what} returned {bad}"))
 
     def _take_req_slots(self, rids: list[int]) -> list[int]:
         """Ring mode: each admitted request holds a request slot; returns those admitted."""
@@ -417,6 +713,8 @@ class Lockstep:
     def _drop_rows(self, rids: list[int]) -> None:
         for r in rids:
             row = self.rows.pop(r)
+            if row.src is not None:
+                self.locks[row.src] -= 1
             if row.req_slot is not None:
                 self.alloc._req_to_token_pool.free(row.req_slot)
                 self.model.req_free_slot(row.req_slot)
@@ -439,8 +737,6 @@ class Lockstep:
                 raise StepFormatError("reqs", f"entry {i}: add {n} must be >= 1")
             L = len(self._row(r, "reqs").slots)
             batch.append((r, L, L + n))
-            if L % self.ps:
-                self.labels["extend from a prefix inside a page"] += 1
         self._alloc_rows("extend", batch, new=False)
 
     def _decode(self, step: Decode) -> None:
@@ -448,8 +744,6 @@ class Lockstep:
         for r in step.rids:
             L = len(self._row(r, "rids").slots)
             batch.append((r, L, L + 1))
-            if L % self.ps == 0 and self.ps > 1:
-                self.labels["decode onto a new page"] += 1
         self._alloc_rows("decode", batch, new=False)
 
     def _admit_tail(self, step: AdmitTail) -> None:
@@ -481,18 +775,52 @@ class Lockstep:
     # ---------------------------------------------------------------- frees
     def _free_call(self, call: str, rid: int, lo: int, hi: int, start_pos: int | None = None) -> bool:
         """One free-like call on positions lo..hi-1 of request rid; True when it ran."""
+        return self._free_pieces(call, [(rid, lo, hi)], start_pos)
+
+    def _holder(self, rid: int) -> _Row:
+        """The row of a live request or of a cached entry."""
+        return self.rows[rid] if rid in self.rows else self.cache[rid]
+
+    def _free_pieces(self, call: str, pieces: list[tuple[int, int, int]], start_pos: int | None = None, interleave: bool = False) -> bool:
+        """One free-like call over positions lo..hi-1 of each (rid, lo, hi) piece,
+        concatenated in order (as a cache eviction or a retracted batch passes them),
+        or round-robin across the pieces with `interleave`. True when it ran."""
         m, a = self.model, self.alloc
-        row = self.rows[rid]
-        slots = row.slots[lo:hi]
-        contract = m.classify_free(call, slots, start_pos, rid)
+        held = [(rid, lo, self._holder(rid).slots[lo:hi]) for rid, lo, hi in pieces]
+        slots = [s for _, _, piece in held for s in piece]
+        order = None
+        if interleave and len(held) > 1:
+            # Position j of piece i sits at order[k]: the pieces' slots dealt in turn.
+            starts = [0]
+            for _, _, piece in held:
+                starts.append(starts[-1] + len(piece))
+            longest = max(len(piece) for _, _, piece in held)
+            order = [starts[i] + j for j in range(longest) for i, (_, _, piece) in enumerate(held) if j < len(piece)]
+            slots = [slots[k] for k in order]
+        if call == "free_swa_segment":
+            contract = m.classify_free_swa_segment(slots, start_pos, held[0][0])
+        else:
+            contract = m.classify_free(call, slots, start_pos, held[0][0] if len(held) == 1 else None)
+        if contract is None and len(held) > 1:
+            for rid, _, piece in held:  # each piece must be its own request's
+                contract = contract or m.classify_free(call, piece, start_pos, rid)
         if contract is None:
-            self._check_tags(rid, lo, slots, swa_too=call != "free_full")
-        idx = row.view(lo, hi)
+            for rid, lo, piece in held:
+                self._check_tags(rid, lo, piece, swa_too=call != "free_full")
+        views = [self._holder(rid).view(lo, lo + len(piece)) for rid, lo, piece in held]
+        idx = views[0] if len(views) == 1 else torch.cat(views)
+        if order is not None:
+            idx = idx[self._t(order)]
+        requests = len({rid for rid, _, _ in held})
+        self._cover(call, "pieces: " + ("one request" if requests == 1 else "several requests"))
+        if order is not None:
+            self._cover(call, "pieces: interleaved")
         if start_pos is None:
             fn = lambda: getattr(a, call)(idx)
         else:
             fn = lambda: getattr(a, call)(idx, start_pos=start_pos)
-        ran, res = self._invoke(f"{call}(request {rid}, positions {lo}..{lo + len(slots) - 1})", fn, contract)
+        what = ", ".join(f"request {rid} positions {lo}..{lo + len(p) - 1}" for rid, lo, p in held[:3])
+        ran, res = self._invoke(f"{call}({what}{', ...' if len(held) > 3 else ''})", fn, contract)
         if not ran:
             return False
         touched = layout.expand_to_pages(slots, self.ps) if self.ps > 1 else slots
@@ -508,8 +836,8 @@ class Lockstep:
 
     def _evict(self, step: Evict) -> None:
         row = self._row(step.rid)
-        if not 0 <= step.lo < step.hi <= len(row.slots):
-            raise StepFormatError("hi", f"positions {step.lo}..{step.hi - 1} outside request {step.rid}'s {len(row.slots)}")
+        if not row.shared <= step.lo < step.hi <= len(row.slots):
+            raise StepFormatError("hi", f"positions {step.lo}..{step.hi - 1} outside request {step.rid}'s own {row.shared}..{len(row.slots) - 1}")
         if self._free_call("free_swa", step.rid, step.lo, step.hi):
             self.labels["window evicted"] += 1
             if self.pure:  # one pool: the evicted positions hold no slot any more
@@ -521,15 +849,15 @@ class Lockstep:
         lo, n, off = step.lo, step.n, step.offset
         if self.pure or self.ring:
             raise StepFormatError("op", "repair needs a hybrid allocator without a ring")
-        if n < 1 or not 0 <= lo < lo + n <= len(row.slots) or not 0 <= off < self.ps or lo % self.ps:
+        if n < 1 or not row.shared <= lo < lo + n <= len(row.slots) or not 0 <= off < self.ps or lo % self.ps:
             raise StepFormatError("n", f"positions {lo}..{lo + n - 1} (offset {off}) do not fit request {step.rid}")
         full = row.slots[lo : lo + n]
         contract = m.classify_repair(full)
         if contract is not None:
-            self.labels[f"contract broken: {contract.name}"] += 1
-            return
+            raise StepFormatError("lo", f"positions {lo}..{lo + n - 1} of request {step.rid} cannot be re-paired: {contract.detail}")
         pages = layout.pages_spanned(off + n, self.ps)
         ran, res = self._invoke(f"swa_attn_allocator.alloc({pages * self.ps})", lambda: a.swa_attn_allocator.alloc(pages * self.ps), None)
+        self._check_index_tensor("swa_attn_allocator.alloc", res, pages * self.ps)
         swa_all = None if res is None else res.tolist()
         self._fail(m.swa_alloc(pages * self.ps, swa_all))
         if swa_all is None:
@@ -546,47 +874,94 @@ class Lockstep:
         self._after_call(full)
         self.tags.write("swa", swa, [observe.Tags.value(step.rid, lo + i) for i in range(n)])
 
-    def _finish_calls(self, rid: int, how: str) -> list[tuple[str, int, int]]:
-        """(call, lo, hi) runs that release a whole row the way `how` names."""
-        row = self.rows[rid]
-        L, ps, peer = len(row.slots), self.ps, self.model.peer
+    def _release_runs(self, row: _Row, lo: int, hi: int, how: str) -> list[tuple[str, int, int]]:
+        """(call, lo, hi) runs that release positions lo..hi-1 of a row the way `how`
+        names; lo is page-aligned. A page with any paired position goes by free (SWA
+        side first), the rest by free_full (per position at page_size 1)."""
+        ps, peer = self.ps, self.model.peer
         if self.pure:
-            return [("free", lo, hi) for lo, hi in runs_of(row.slots, lambda s: s != RELEASED)]
+            return [("free", a, b) for a, b in runs_of(row.slots[lo:hi], lambda s: s != RELEASED) for a, b in [(a + lo, b + lo)]]
         if self.ring:
-            return [("free", 0, L)]
-        # A page with any paired position is freed with free (SWA side first); the rest
-        # with free_full. At page_size 1 that is per position.
+            return [("free", lo, hi)] if hi > lo else []
         runs: list[tuple[str, int, int]] = []
-        for lo in range(0, L, ps):
-            hi = min(lo + ps, L)
-            call = "free" if any(s in peer for s in row.slots[lo:hi]) else "free_full"
+        for a in range(lo, hi, ps):
+            b = min(a + ps, hi)
+            call = "free" if any(s in peer for s in row.slots[a:b]) else "free_full"
             if runs and runs[-1][0] == call:
-                runs[-1] = (call, runs[-1][1], hi)
+                runs[-1] = (call, runs[-1][1], b)
             else:
-                runs.append((call, lo, hi))
+                runs.append((call, a, b))
         if how == "free" and (ps > 1 or all(c == "free" for c, _, _ in runs)):
-            return [("free", 0, L)]
+            return [("free", lo, hi)] if hi > lo else []
         return runs
+
+    def _release(self, rid: int, lo: int, hi: int, how: str) -> set[str] | None:
+        """Release positions lo..hi-1 of row rid as `how` says; the calls that ran, or
+        None when one did not."""
+        row = self._holder(rid)
+        if how == "segments" and self.ps > 1 and not self.pure:
+            segs = [(row.slots[a : min(a + self.ps, hi)], a) for a in range(lo, hi, self.ps)]
+            return {"free_segments"} if not segs or self._free_segments(rid, segs) else None
+        ran = set()
+        for call, a, b in self._release_runs(row, lo, hi, how):
+            if how == "full_segments" and call == "free_full" and not self.pure:
+                call = "free_full_segment"
+            if not self._free_call(call, rid, a, b, start_pos=a if call.endswith("_segment") else None):
+                return None
+            ran.add(call)
+        return ran
 
     def _finish(self, step: Finish) -> None:
         row = self._row(step.rid)
         L = len(row.slots)
-        if step.how == "segments" and self.ps > 1 and not self.pure:
-            segs = [(row.slots[lo : min(lo + self.ps, L)], lo) for lo in range(0, L, self.ps)]
-            if not self._free_segments(step.rid, segs):
-                return
+        if step.how == "cache":
+            self._finish_into_cache(step.rid)
+            return
+        evicted = self.pure and RELEASED in row.slots
+        calls = self._release(step.rid, row.shared, L, step.how)
+        if calls is None:
+            return
+        # The label names the calls that ran: a "free" finish at page size 1 of a
+        # row with evicted positions is a split, a pure SWA row has no full side.
+        if evicted:
+            how = "frees of the unevicted runs"
+        elif calls == {"free"}:
+            how = "free"
+        elif calls == {"free_segments"}:
+            how = "segments"
+        elif "free" in calls:
+            how = "split" + (" with free_full_segment" if "free_full_segment" in calls else "")
         else:
-            for call, lo, hi in self._finish_calls(step.rid, step.how):
-                if not self._free_call(call, step.rid, lo, hi):
-                    return
-        self.labels[f"finished by {step.how}"] += 1
+            how = " and ".join(sorted(calls))  # every page evicted: free_full or free_full_segment
+        self.labels[f"finished by {how}"] += 1
         self._retire(step.rid)
+
+    def _finish_into_cache(self, rid: int) -> None:
+        """The cache keeps the page-aligned part of a finished row as an entry, as a
+        paged radix cache does; the partial last page is freed."""
+        row = self._row(rid)
+        if self.pure or row.shared:
+            raise StepFormatError("how", f"request {rid} cannot be cached: {'pure SWA' if self.pure else 'it reuses a cached prefix'}")
+        L = len(row.slots)
+        # A partial last page stays only where a later request could continue it.
+        keep = L if self.continuable(row.slots) else L - L % self.ps
+        if keep < L and not self._release(rid, keep, L, "split"):
+            return
+        self.labels["finished into the cache"] += 1
+        row.slots = row.slots[:keep]
+        self.rows.pop(rid)
+        if row.req_slot is not None:
+            self.alloc._req_to_token_pool.free(row.req_slot)
+            self.model.req_free_slot(row.req_slot)
+            row.req_slot = None
+        if keep:
+            self.cache[rid] = row
 
     def _retire(self, rid: int) -> None:
         """A finished request: its slots stay known for double-free breaks, its row is reused."""
         row = self.rows[rid]
-        self.ghosts = {rid: list(row.slots)}
-        row.overwrite()
+        self.ghosts = {rid: list(row.slots[row.shared :])}
+        row.overwrite(row.shared)
         self._drop_rows([rid])
 
     def _free_segments(self, rid: int, segs: list[tuple[list[int], int]]) -> bool:
@@ -595,8 +970,9 @@ class Lockstep:
         if contract is None:
             for idx, lo in segs:
                 self._check_tags(rid, lo, idx, swa_too=True)
-        row = self.rows[rid]
+        row = self._holder(rid)
         arg = [(row.view(lo, lo + len(idx)), lo) for idx, lo in segs]
+        self._cover("free_segments", f"segments {bucket(len(segs))}")
         ran, _ = self._invoke(f"free_segments(request {rid}, {len(segs)} segments)", lambda: a.free_segments(arg), contract)
         if not ran:
             return False
@@ -610,14 +986,232 @@ class Lockstep:
 
     def _drop_tail(self, step: DropTail) -> None:
         row = self._row(step.rid)
-        if not 0 <= step.keep < len(row.slots):
-            raise StepFormatError("keep", f"keep {step.keep} outside 0..{len(row.slots) - 1}")
+        if not row.shared <= step.keep < len(row.slots):
+            raise StepFormatError("keep", f"keep {step.keep} outside {row.shared}..{len(row.slots) - 1}")
         if self._free_call("free_segment", step.rid, step.keep, len(row.slots), start_pos=step.keep):
             self.labels["tail dropped"] += 1
             row.overwrite(step.keep)
             row.slots = row.slots[: step.keep]
-            if not row.slots:
+            if len(row.slots) == row.shared:  # nothing of its own left: the request is done
                 self._drop_rows([step.rid])
+
+    # ------------------------------------------------- scheduler and cache
+    def _new_row(self, rid: int, field_name: str) -> None:
+        if rid in self.rows or rid in self.cache or rid in self.retracted:
+            raise StepFormatError(field_name, f"request {rid} is not new")
+
+    def _prefill(self, step: Prefill) -> None:
+        """A mixed prefill batch: new requests, cache hits and chunked continuations."""
+        batch, fresh, hits, takeovers, seen, used = [], [], [], {}, set(), set()
+        for i, (r, src, prefix, add) in enumerate(step.batch):
+            where = f"entry {i}"
+            if r in seen or add < 1:
+                raise StepFormatError("batch", f"{where}: request {r} twice, or add {add} < 1")
+            seen.add(r)
+            if src == NEW:
+                self._new_row(r, "batch")
+                if prefix:
+                    raise StepFormatError("batch", f"{where}: a new request starts at prefix 0, not {prefix}")
+                fresh.append(r)
+            elif src == r:
+                L = len(self._row(r, "batch").slots)
+                if prefix != L:
+                    raise StepFormatError("batch", f"{where}: request {r} continues from {L}, not {prefix}")
+            else:
+                self._new_row(r, "batch")
+                entry = self.cache.get(src)
+                if entry is None or not 0 < prefix <= len(entry.slots):
+                    raise StepFormatError("batch", f"{where}: no cached entry {src} with {prefix} positions")
+                if src in used:
+                    raise StepFormatError("batch", f"{where}: cached entry {src} twice in one batch")
+                used.add(src)
+                if prefix % self.ps:
+                    if prefix != len(entry.slots) or self.locks[src]:
+                        raise StepFormatError("batch", f"{where}: a prefix inside a page takes over all of unlocked entry {src}")
+                    takeovers[r] = src
+                hits.append((r, src, prefix))
+            batch.append((r, prefix, prefix + add))
+        admitted = set(self._take_req_slots(fresh + [r for r, _, _ in hits]))
+        for r, src, prefix in hits:
+            if r not in admitted:
+                continue
+            entry = self.cache[src]
+            row = self.rows[r]
+            row.slots = entry.slots[:prefix]
+            row.append(entry.view(0, prefix))
+            if r not in takeovers:
+                row.shared, row.src = prefix, src
+                self.locks[src] += 1
+        batch = [b for b in batch if b[0] in self.rows]  # new ones without a request slot wait
+        if not batch:
+            return
+        for r, p, _ in batch:
+            if r in admitted:
+                self.labels["prefill: cache hit" if p else "prefill: new request"] += 1
+            else:
+                self.labels["prefill: chunked continuation"] += 1
+        if len({r in admitted for r, _, _ in batch}) == 2:
+            self.labels["prefill: new and continuing requests in one batch"] += 1
+        if self._alloc_rows("prefill", batch, new=True) is None:
+            self._drop_rows([r for r in admitted if r in self.rows])
+            return
+        for r, src in takeovers.items():
+            if r in self.rows:
+                self._take_over(r, src)
+
+    def continuable(self, slots: list[int]) -> bool:
+        """Whether a row of these slots can be extended (SPEC 2.5): its last page is full,
+        or its last position still has its SWA peer at the same in-page offset."""
+        ps = self.ps
+        if not slots or len(slots) % ps == 0 or self.pure or self.ring:
+            return True
+        peer = self.model.peer.get(slots[-1])
+        return peer is not None and peer % ps == slots[-1] % ps
+
+    def _take_over(self, rid: int, src: int) -> None:
+        """The request now owns a cached entry's slots (and their KV, retagged)."""
+        entry = self.cache.pop(src)
+        n = len(entry.slots)
+        self.model.transfer(entry.slots, rid)
+        self._tag(rid, range(n), entry.slots)
+        self.labels["prefill: cached entry taken over mid-page"] += 1
+
+    def _retract(self, step: Retract) -> None:
+        """Copy each request's KV to the host, then free the batch's slots, one call
+        per kind over all the rows concatenated."""
+        if self.pure:
+            raise StepFormatError("op", "retract needs a hybrid allocator")
+        a = self.alloc
+        if len(set(step.rids)) != len(step.rids):
+            raise StepFormatError("rids", f"a request twice in {step.rids}")
+        saved = {}
+        for r in step.rids:
+            row = self._row(r, "rids")
+            own = row.slots[row.shared :]
+            idx = row.view(row.shared, len(row.slots))
+            self._cover("get_cpu_copy", f"positions {bucket(len(own))}")
+            ran, copy = self._invoke(f"get_cpu_copy(request {r})", lambda: a.get_cpu_copy(idx), None)
+            paired = [False] * len(own) if self.ring else [s in self.model.peer for s in own]
+            saved[r] = _Retracted(len(row.slots), row.shared, row.src, copy, paired)
+        by_call: dict[str, list[tuple[int, int, int]]] = {}
+        for r in step.rids:
+            row = self.rows[r]
+            for call, lo, hi in self._release_runs(row, row.shared, len(row.slots), "free"):
+                by_call.setdefault(call, []).append((r, lo, hi))
+        for call, pieces in by_call.items():
+            if not self._free_pieces(call, pieces):
+                return
+        for r in step.rids:
+            row = self.rows[r]
+            row.overwrite(row.shared)
+            src = row.src
+            row.src = None  # the retracted request keeps its lock on the entry
+            self._drop_rows([r])
+            self.retracted[r] = saved[r]
+            saved[r].src = src
+        self.labels["retracted"] += 1
+        if len(step.rids) > 1:
+            self.labels["retracted a batch"] += 1
+
+    def _resume(self, step: Resume) -> None:
+        """Re-admit retracted requests and load their host copies into the new slots:
+        each position must then read the KV it had (kv.integrity through kv.resolve)."""
+        a = self.alloc
+        if len(set(step.rids)) != len(step.rids) or any(r not in self.retracted for r in step.rids):
+            raise StepFormatError("rids", f"requests {step.rids} are not all retracted, once each")
+        admitted = self._take_req_slots(list(step.rids))
+        batch = []
+        for r in admitted:
+            saved = self.retracted[r]
+            row = self.rows[r]
+            if saved.src is not None:
+                entry = self.cache[saved.src]
+                row.slots = entry.slots[: saved.shared]
+                row.append(entry.view(0, saved.shared))
+                row.shared, row.src = saved.shared, saved.src
+                self.locks[saved.src] += 1
+            batch.append((r, saved.shared, saved.length))
+        if not batch:
+            return
+        if self._alloc_rows("resume", batch, new=True, tags=False) is None:
+            self._drop_rows(admitted)  # still retracted, still holding their entries
+            return
+        for r in admitted:
+            saved = self.retracted.pop(r)
+            if saved.src is not None:
+                self.locks[saved.src] -= 1  # the row holds its own lock now
+            row = self.rows[r]
+            own = row.slots[saved.shared :]
+            idx = row.view(saved.shared, saved.length)
+            self._cover("load_cpu_copy", f"positions {bucket(len(own))}")
+            self._invoke(f"load_cpu_copy(request {r})", lambda: a.load_cpu_copy(saved.copy, idx), None)
+            self._check_loaded(r, saved, own)
+        self.labels["resumed"] += 1
+
+    def _check_loaded(self, rid: int, saved: _Retracted, own: list[int]) -> None:
+        """After a load-back, the full KV and the SWA KV that each position resolves to
+        are what the request had; positions whose SWA KV was gone when copied are
+        recomputed (the harness writes their tags)."""
+        if not self.tags.enabled:
+            return
+        lo = saved.shared
+        want = [observe.Tags.value(rid, lo + i) for i in range(len(own))]
+        got = self.tags.read("full", own)
+        bad = [(lo + i, s, g) for i, (s, g, w) in enumerate(zip(own, got, want)) if g != w]
+        if not self.ring and not self.pure and not bad:
+            kept = [(lo + i, s) for i, s in enumerate(own) if saved.paired[i]]
+            swa = observe.peers(self.alloc, [s for _, s in kept])
+            got = self.tags.read("swa", swa)
+            bad = [(p, s, g) for (p, s), g in zip(kept, got) if g != observe.Tags.value(rid, p)]
+            redo = [(lo + i, s) for i, s in enumerate(own) if not saved.paired[i]]
+            if redo:
+                self._tag(rid, [p for p, _ in redo], [s for _, s in redo])
+        if bad:
+            p, s, g = bad[0]
+            self._fail(Violation(names.KV_INTEGRITY, f"request {rid} position {p} (slot {s}) reads tag {g:#x} after load_cpu_copy, it had {observe.Tags.value(rid, p):#x} ({len(bad)} positions wrong)"))
+
+    def _cache_free(self, step: CacheFree) -> None:
+        """A cache eviction over several entries: free / free_full drop each entry's
+        tail from lo on; free_swa releases the SWA KV of lo..hi-1 and keeps the full."""
+        pieces = []
+        for i, (rid, lo, hi) in enumerate(step.pieces):
+            entry = self.cache.get(rid)
+            if entry is None or self.locks[rid] or not 0 <= lo < hi <= len(entry.slots):
+                raise StepFormatError("pieces", f"entry {i}: {rid} is no unlocked cached entry holding {lo}..{hi - 1}")
+            if step.call != "free_swa" and hi != len(entry.slots):
+                raise StepFormatError("pieces", f"entry {i}: {step.call} evicts an entry's tail, so hi must be {len(entry.slots)}")
+            pieces.append((rid, lo, hi))
+        if len({rid for rid, _, _ in pieces}) != len(pieces):
+            raise StepFormatError("pieces", "an entry twice")
+        if not self._free_pieces(step.call, pieces, interleave=step.interleave):
+            return
+        self.labels[f"cache evicted by {step.call}" + (" over several entries" if len(pieces) > 1 else "")] += 1
+        if step.call == "free_swa":
+            return
+        for rid, lo, _ in pieces:
+            entry = self.cache[rid]
+            entry.overwrite(lo)
+            entry.slots = entry.slots[:lo]
+            if not lo:
+                self.ghosts = {rid: []}
+                del self.cache[rid]
+
+    def _empty(self, step: Empty) -> None:
+        """A call with nothing in it: it must return what it owes and change nothing."""
+        a, call = self.alloc, step.call
+        none = torch.empty((0,), dtype=torch.int64, device=self.device)
+        self._cover(call, "empty input")
+        if call == "alloc":
+            if self.ps != 1:
+                raise StepFormatError("call", "alloc(0) is a page_size 1 call")
+            ran, res = self._invoke("alloc(0)", lambda: a.alloc(0), self.model.classify_alloc(0))
+            self._check_index_tensor("alloc(0)", res, 0)
+        elif call == "free_segment":
+            self._invoke("free_segment(empty, start_pos=0)", lambda: a.free_segment(none, start_pos=0), None)
+        else:
+            self._invoke(f"{call}(empty)", lambda: getattr(a, call)(none), None)
+        self.labels["empty call"] += 1
+        self._after_call([])
 
     # --------------------------------------------------------------- others
     def _group_begin(self, step: GroupBegin) -> None:
@@ -635,16 +1229,23 @@ class Lockstep:
         self._after_call([])
 
     def _merge_sort(self, step: MergeSort) -> None:
-        subs = [self.alloc.full_attn_allocator]
-        if self.alloc.swa_attn_allocator is not subs[0]:
-            subs.append(self.alloc.swa_attn_allocator)
-        for sub in subs:
-            self._invoke("merge_and_sort_free", sub.merge_and_sort_free, None)
+        if hasattr(self.alloc, "merge_and_sort_free"):  # the target's own entry point
+            self._cover("merge_and_sort_free", "hybrid" if not self.pure else "pure")
+            self._invoke("merge_and_sort_free", self.alloc.merge_and_sort_free, None)
+        else:  # the seed's hybrid has none: each sub-allocator's
+            subs = [self.alloc.full_attn_allocator]
+            if self.alloc.swa_attn_allocator is not subs[0]:
+                subs.append(self.alloc.swa_attn_allocator)
+            for sub in subs:
+                self._invoke("merge_and_sort_free", sub.merge_and_sort_free, None)
         self._after_call([])
 
     def _forget_rows(self) -> None:
         self._drop_rows(list(self.rows))
         self.ghosts = {}
+        self.cache.clear()
+        self.locks.clear()
+        self.retracted.clear()
 
     def _clear(self, step: Clear) -> None:
         if self.model.group_open:
@@ -666,20 +1267,23 @@ class Lockstep:
     def _break(self, step: Break) -> None:
         """A deliberate contract break; the model must classify it, the target react as owed."""
         m, a, ps, kind = self.model, self.alloc, self.ps, step.kind
+        if kind in PAGE_ID_BREAKS:
+            self._break_page_ids(step)
+            return
         if kind in ("nested_group", "tail_batch", "tail_long", "paged_on_token", "alloc_on_paged", "resize_grow", "never_allocated", "double_free"):
             row = None
         else:
             row = self._row(step.rid)
         t = self._t
         if kind == "free_unpaired":
-            slots = [s for s in row.slots if s not in m.peer][:1] or row.slots[:1]
+            own = row.slots[row.shared :]
+            slots = [s for s in own if s not in m.peer][:1] or own[:1]
             what, contract = "free", m.classify_free("free", slots, None, step.rid)
             fn = lambda: a.free(t(slots))
         elif kind == "free_full_paired":
             # A request finished with free_full although some positions keep SWA peers.
-            if self._free_call("free_full", step.rid, 0, len(row.slots)) and not self.tainted:
+            if self._free_call("free_full", step.rid, row.shared, len(row.slots)):
                 self._retire(step.rid)
-            self.labels[f"contract break: {kind}"] += 1
             return
         elif kind == "double_free":
             slots = next(iter(self.ghosts.values()), [])[:1]
@@ -695,16 +1299,17 @@ class Lockstep:
             what, contract = "free", m.classify_free("free", slots, None, -1)
             fn = lambda: a.free(t(slots))
         elif kind == "partial_page":
-            slots = row.slots[:1]
+            slots = row.slots[row.shared : row.shared + 1]
             what = "free" if slots[0] in m.peer else "free_full"  # the call that fits the slot
             contract = m.classify_free(what, slots, None, step.rid)
             fn = lambda: getattr(a, what)(t(slots))
         elif kind == "nested_group":
             what, contract, fn = "free_group_begin", m.classify_group_begin(), a.free_group_begin
         elif kind == "unaligned_segment":
-            slots = row.slots[1:]
-            what, contract = "free_segment", m.classify_free("free_segment", slots, 1, step.rid)
-            fn = lambda: a.free_segment(t(slots), start_pos=1)
+            start = row.shared + 1
+            slots = row.slots[start:]
+            what, contract = "free_segment", m.classify_free("free_segment", slots, start, step.rid)
+            fn = lambda: a.free_segment(t(slots), start_pos=start)
         elif kind in ("tail_batch", "tail_long"):
             bs, n = (2, 2) if kind == "tail_batch" else (1, 2)
             tail = 1 if kind == "tail_batch" else n + 1
@@ -725,23 +1330,102 @@ class Lockstep:
             raise StepFormatError("kind", f"unknown contract break {kind!r}")
         if contract is None:
             raise StepFormatError("kind", f"{kind} keeps the contract in this state (the model sees no break)")
-        self.labels[f"contract break: {kind}"] += 1
         self._invoke(f"{what} ({kind})", fn, contract)
 
 
-def replay(config: dict, steps: list[Step], target, census_every: int = 16) -> Lockstep:
+    # ------------------------------------------------ sglang 0.5.23's segment and page-id frees
+    def _evict_segment(self, step: EvictSegment) -> None:
+        """free_swa_segment of positions lo..hi-1; free_swa where the target has none."""
+        row = self._row(step.rid)
+        if not row.shared <= step.lo < step.hi <= len(row.slots):
+            raise StepFormatError("hi", f"positions {step.lo}..{step.hi - 1} outside request {step.rid}'s own {row.shared}..{len(row.slots) - 1}")
+        if hasattr(self.alloc, "free_swa_segment"):
+            ran = self._free_call("free_swa_segment", step.rid, step.lo, step.hi, start_pos=step.lo)
+        else:
+            ran = self._free_call("free_swa", step.rid, step.lo, step.hi)
+        if ran:
+            self.labels["window evicted by segment"] += 1
+            if self.pure:
+                row.slots[step.lo : step.hi] = [RELEASED] * (step.hi - step.lo)
+
+    def _page_ids_call(self, what: str, pages: list[int], slots: list[int], contract: Contract | None) -> bool:
+        """free_page_ids(pages) on the full pool; free of those pages' slots where the
+        sub-allocator has no free_page_ids. True when it ran."""
+        sub = self.alloc.full_attn_allocator
+        if hasattr(sub, "free_page_ids"):
+            fn = lambda: sub.free_page_ids(self._t(pages))
+        else:
+            every = [p * self.ps + i for p in pages for i in range(self.ps)]
+            fn = lambda: sub.free(self._t(every))
+        ran, _ = self._invoke(what, fn, contract)
+        return ran
+
+    def _free_pages(self, step: FreePages) -> None:
+        """A cache-style free: the full pages under positions start.. by page id."""
+        m = self.model
+        row = self._row(step.rid)
+        L = len(row.slots)
+        if not row.shared <= step.start < L:
+            raise StepFormatError("start", f"start {step.start} outside {row.shared}..{L - 1}")
+        slots = [s for s in row.slots[step.start :] if s != RELEASED]
+        pages = list(dict.fromkeys(s // self.ps for s in slots))
+        contract = m.classify_free_page_ids(pages, slots, step.rid)
+        if contract is None:
+            for lo, hi in runs_of(row.slots[step.start :], lambda s: s != RELEASED):
+                self._check_tags(step.rid, step.start + lo, row.slots[step.start + lo : step.start + hi], swa_too=False)
+        if not self._page_ids_call(f"free_page_ids(request {step.rid}, positions {step.start}..{L - 1})", pages, slots, contract):
+            return
+        m.free_page_ids(slots)
+        if m.group_open:
+            self.labels["group holding a free_page_ids"] += 1
+        touched = layout.expand_to_pages(slots, self.ps) if self.ps > 1 else slots
+        self._after_call([f for f in touched if f < m.mapping_len - 1])
+        self.labels["freed by page id"] += 1
+        if step.start == row.shared:
+            self._retire(step.rid)
+        else:
+            row.overwrite(step.start)
+            row.slots = row.slots[: step.start]
+
+    def _break_page_ids(self, step: Break) -> None:
+        """free_page_ids naming a page twice, page 0, or a free page."""
+        m, kind = self.model, step.kind
+        if not hasattr(self.alloc.full_attn_allocator, "free_page_ids"):
+            self.labels["contract break not expressible: no free_page_ids"] += 1
+            return
+        if kind == "page_ids_twice":
+            row = self._row(step.rid)
+            last = [s for s in row.slots if s != RELEASED][-1:]
+            if not last:
+                raise StepFormatError("rid", f"request {step.rid} holds no slot")
+            pages = [last[0] // self.ps] * 2
+        elif kind == "page_ids_padding":
+            pages = [0]
+        else:
+            page = next(iter(m.full.free), None)
+            if page is None:
+                raise StepFormatError("kind", "page_ids_free needs a free page")
+            pages = [page]
+        contract = m.classify_free_page_ids(pages, [])
+        self._page_ids_call(f"free_page_ids({pages}) ({kind})", pages, [], contract)
+
+
+def replay(config: dict, steps: list[Step], target, census_every: int = 16, started=None, skip_device_asserts=False) -> Lockstep:
     """Run a whole trace and the closing census; raises LockstepFailure on a divergence,
-    StepFormatError (with `.index`) on a step that cannot apply."""
-    ls = Lockstep(config, target, census_every=census_every)
+    StepFormatError (with `.index`) on a step that cannot apply. `started(ls)`, when
+    given, sees the driver before the first step (to read it after a failure).
+    A replay sends even a break whose guard kills the process (it runs in a child
+    process); `skip_device_asserts=None` holds those back as the machine does."""
+    ls = Lockstep(config, target, census_every=census_every, skip_device_asserts=skip_device_asserts)
+    if started is not None:
+        started(ls)
     for i, step in enumerate(steps):
         try:
             ls.run(step)
         except StepFormatError as e:
             e.index = i
             raise
-    ls.index += 1
-    ls.step = None
-    ls.census()
+    ls.close()
     return ls
 
 
@@ -766,12 +1450,15 @@ def minimize(config: dict, steps: list[Step], target, invariant: str, max_replay
                 candidate = best[:i] + best[i + width :]
                 replays += 1
                 try:
-                    replay(config, candidate, target)
+                    # In the searching process, as the machine ran: no device-assert breaks.
+                    replay(config, candidate, target, skip_device_asserts=None)
                 except LockstepFailure as e:
                     if e.invariant == invariant:
                         best, failure, changed = candidate, e, True
                         break
-                except Exception:  # a step that no longer applies, or another fault: keep it
+                except HarnessError:
+                    raise  # a bug here, not a shorter trace
+                except Exception:  # a step that no longer applies, or a target crash: keep it
                     pass
             if changed:
                 break

@@ -1,9 +1,17 @@
-"""The hypothesis state machine that drives a request workload through the lockstep driver.
+"""The hypothesis state machine: a serving scheduler's workload, driven through the
+lockstep driver.
 
-Rules draw small, shrinkable choices (which live request, how long, which kind of
-free) and turn them into workload steps the current state can take; the driver
-runs each step on the model and the target and compares. Hypothesis's own stateful
-rule selection is swarm testing: each run switches a random subset of rules off.
+Each rule is one thing a scheduler does (a prefill batch, a decode batch, a window
+eviction, a retract, a cache eviction, ...). Its choices are drawn from the current
+state (`data.draw` over the live requests, entries and positions), so a shrink keeps
+what it targets, and a rule is enabled only where the state lets it act (its
+precondition). The driver runs each step on the model and the target and compares.
+Hypothesis's own stateful rule selection is swarm testing: each run switches a
+random subset of rules off.
+
+The workload has no knowledge of any seeded bug: its shapes come from what a
+scheduler sends (SPEC 4.1), at every scale from a pool of two pages to 100,000+
+slots.
 """
 
 from __future__ import annotations
@@ -11,66 +19,89 @@ from __future__ import annotations
 from collections import Counter
 
 from hypothesis import event, note, reject
-from hypothesis.control import currently_in_test_context
 from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from properties.differential import Differential
-from properties.lockstep import RELEASED, Lockstep, runs_of
+from properties.lockstep import LARGE_POOL_PAGES, RELEASED, Lockstep, runs_of
 from properties.steps import (
-    BREAKS, FINISH_HOWS, Admit, AdmitTail, Break, Clear, Decode, DropTail, Evict, Extend,
-    Finish, GroupBegin, GroupEnd, MergeSort, Repair, Resize, Step,
+    BREAKS, EMPTY_CALLS, GUARD_BREAKS, NEW, OTHER_BREAKS, PAGE_ID_BREAKS, AdmitTail, Break, CacheFree, Clear, Decode,
+    DropTail, Empty, EvictSegment, FreePages,
+    Evict, Finish, GroupBegin, GroupEnd, MergeSort, Prefill, Repair, Resize, Resume, Retract, Step,
 )
-from properties.targets import Target, resolve
+from properties.targets import Target, resolve, unrefused_breaks
 
-# Every coverage label any run reached, so a test can show each one is reached,
-# and the workload steps run in this process, for the closing summaries.
+# Every coverage label and every (method, argument shape) cell any run in this
+# process reached, for the closing summaries.
 LABELS_SEEN: Counter = Counter()
-STATS: Counter = Counter()
+SHAPES_SEEN: Counter = Counter()
 
 # Page size 1 (the token allocators) is as much code as every paged size together.
-PAGE_SIZES = (1, 1, 1, 2, 4, 16)
+PAGE_SIZES = (1, 1, 1, 1, 2, 4, 8, 16, 64, 256)
+# Pools: a few pages (they run out), a serving pool, production scale.
+SCALES = ("tiny", "tiny", "tiny", "medium", "large")
+LARGE_SLOTS = 131072  # > 70,000 pages at page size 1
+# Above this many pages the periodic census is a cost the step budget cannot carry:
+# per-step checks stay (they cover what each call touched), the census runs rarely.
+CENSUS_PAGES = LARGE_POOL_PAGES
+BATCH_MAX = 16
+DECODE_MAX = 64
 
 
 @st.composite
-def configs(draw, device: str = "cpu") -> dict:
-    """A configuration of SPEC 4.1: small pools that run out, every mode and level."""
-    kind = draw(st.sampled_from(("hybrid", "hybrid", "hybrid", "pure_swa")))
-    ps = 1 if kind == "pure_swa" else draw(st.sampled_from(PAGE_SIZES))
-    pages = draw(st.integers(2, 12))
-    swa_pages = pages if kind == "pure_swa" else draw(st.integers(2, 12))
+def configs(draw, device: str = "cpu", fixed: dict | None = None) -> dict:
+    """A configuration of SPEC 4.1, from pools that run out to production scale.
+
+    `fixed` pins keys; the others are drawn to fit them (sizes are whole pages of a
+    fixed page size, pure SWA only at page size 1)."""
+    fixed = fixed or {}
+    kinds = ("hybrid", "hybrid", "hybrid") + (("pure_swa",) if fixed.get("page_size", 1) == 1 else ())
+    kind = fixed.get("kind") or draw(st.sampled_from(kinds))
+    ps = fixed.get("page_size") or (1 if kind == "pure_swa" else draw(st.sampled_from(PAGE_SIZES)))
+    scale = draw(st.sampled_from(SCALES))
+    if scale == "tiny":
+        pages = draw(st.integers(2, 12))
+        swa_pages = draw(st.integers(2, 12))
+    elif scale == "medium":
+        pages = draw(st.integers(64, 1024))
+        swa_pages = draw(st.integers(16, pages))
+    else:
+        pages = max(2, LARGE_SLOTS // ps + draw(st.integers(0, 7)))
+        swa_pages = max(2, pages // draw(st.sampled_from((1, 2, 4, 8))))
+    if kind == "pure_swa":
+        swa_pages = pages
     ring = kind == "hybrid" and ps > 1 and draw(st.integers(0, 4)) == 0
-    return {
+    # A pool size need not be whole pages: the part past the last page is unused.
+    spare = draw(st.integers(0, ps - 1)) if ps > 1 and draw(st.integers(0, 3)) == 0 else 0
+    drawn = {
         "kind": kind,
-        "size": pages * ps,
-        "size_swa": swa_pages * ps,
+        "size": pages * ps + spare,
+        "size_swa": swa_pages * ps + spare,
         "page_size": ps,
         "device": device,
         "need_sort": draw(st.booleans()),
         "ring_size": draw(st.integers(1, 2 * ps)) if ring else None,
-        "req_slots": draw(st.integers(1, 6)) if ring else None,
+        "req_slots": draw(st.integers(1, 24)) if ring else None,
         "check_level": draw(st.sampled_from(("strict", "warn", "off"))),
     }
+    # sglang's SGLANG_DEBUG_MEMORY_POOL checks; the key is sent only when on, so a
+    # target that knows nothing of it still builds every other configuration.
+    if draw(st.integers(0, 3)) == 0:
+        drawn["debug_memory_pool"] = True
+    return {**drawn, **fixed}
 
 
-def pinned(config: dict, overrides: dict) -> dict:
-    """A drawn configuration with some keys pinned. Sizes keep their page counts under a
-    pinned page size; pure SWA has one pool and no ring; page size 1 has no ring."""
-    if not overrides:
-        return config
-    out = dict(config, **overrides)
-    if out["kind"] == "pure_swa" and "page_size" not in overrides:
-        out["page_size"] = 1  # the pure-SWA allocator is page size 1 only
-    ps_old, ps = config["page_size"], out["page_size"]
-    if "size" not in overrides:
-        out["size"] = config["size"] // ps_old * ps
-    if "size_swa" not in overrides:
-        out["size_swa"] = config["size_swa"] // ps_old * ps
-    if out["kind"] == "pure_swa":
-        out["size_swa"] = out["size"]
-    if out["kind"] == "pure_swa" or ps == 1:
-        out["ring_size"] = out["req_slots"] = None
-    return out
+@st.composite
+def lengths(draw, ps: int) -> int:
+    """Tokens a request adds: a few (speculative or jump-forward extends, inside one
+    page), up to a few pages, and one in eight up to thousands."""
+    kind = draw(st.integers(0, 7))
+    if kind == 7:
+        return draw(st.integers(1, 4096))
+    if kind < 2:
+        return draw(st.integers(1, max(1, ps // 2)))
+    return draw(st.integers(1, 3 * ps + 2))
 
 
 class LockstepMachine(RuleBasedStateMachine):
@@ -82,32 +113,27 @@ class LockstepMachine(RuleBasedStateMachine):
     # Differential runs (SPEC 4.5): a second target and what each side's config adds.
     peer: Target | None = None
     sides: tuple[dict, dict] = ({}, {})
-    # Config keys a campaign pins (page_size, kind, need_sort, ...) over the drawn ones.
-    config_overrides: dict = {}
+    # Keys fixed for every run (a campaign on one page size, a benchmark's pool).
+    fixed: dict = {}
 
     def __init__(self):
         super().__init__()
         self.ls: Lockstep | None = None
         self.next_rid = 0
+        self.window = 1
         self._seen: Counter = Counter()
+        self._shapes: Counter = Counter()
         self.failed = False
+        self._memo: dict = {}
+        self._memo_at = None
 
     # ------------------------------------------------------------ helpers
-    @property
-    def ok(self) -> bool:
-        # A run the caller tainted (a broken contract accepted) goes on as no-ops:
-        # hypothesis needs a rule it can always take.
-        return self.ls is not None
-
     def _go(self, step: Step) -> None:
-        if self.ls.tainted:
-            return
         # Outside hypothesis (a benchmark driving the rules by hand) there is no one
         # to tell.
         quiet = not currently_in_test_context()
         if not quiet:
             note(f"step {self.ls.index + 1}: {step!r}")
-        STATS["steps"] += 1
         try:
             self.ls.run(step)
         except BaseException:
@@ -120,144 +146,400 @@ class LockstepMachine(RuleBasedStateMachine):
                         event(label)
                     LABELS_SEEN[label] += n - self._seen[label]
                     self._seen[label] = n
+            for cell, n in self.ls.shapes.items():
+                if n > self._shapes[cell]:
+                    SHAPES_SEEN[cell] += n - self._shapes[cell]
+                    self._shapes[cell] = n
 
-    def _pick(self, i: int) -> int:
-        rids = sorted(self.ls.rows)
-        return rids[i % len(rids)]
+    def _cached_for_step(self, key, compute):
+        """State-derived candidates, computed once per driver step: hypothesis asks
+        every precondition before each rule, and a scan of the rows is not free."""
+        at = (self.ls.index, self.ls.counters()["steps_run"])
+        if at != self._memo_at:
+            self._memo, self._memo_at = {}, at
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
 
     def _new_rid(self) -> int:
         self.next_rid += 1
         return self.next_rid - 1
 
-    def _len(self, raw: int) -> int:
-        return 1 + (raw - 1) % (3 * self.ls.ps + 2)
-
-    def _has_rows(self) -> bool:
-        return self.ok and bool(self.ls.rows)
+    @property
+    def _live(self) -> list[int]:
+        return sorted(self.ls.rows)
 
     def _paired(self, slot: int) -> bool:
         """Whether a position's slot still holds SWA KV."""
         return slot != RELEASED if self.ls.pure else slot in self.ls.model.peer
 
-    def _runs(self, rid: int, paired: bool) -> list[tuple[int, int]]:
-        """Maximal runs [lo, hi) of positions that are (un)paired."""
-        return runs_of(self.ls.rows[rid].slots, lambda s: self._paired(s) == paired)
+    def _runs(self, slots: list[int], paired: bool, start: int = 0) -> list[tuple[int, int]]:
+        """Maximal runs [lo, hi) of positions from `start` on that are (un)paired."""
+        return [(lo + start, hi + start) for lo, hi in runs_of(slots[start:], lambda s: self._paired(s) == paired)]
+
+    def _own(self, rid: int) -> tuple[int, int]:
+        row = self.ls.rows[rid]
+        return row.shared, len(row.slots)
+
+    # ---------------------------------------------------------- predicates
+    def _has_rows(self) -> bool:
+        return self.ls is not None and bool(self.ls.rows)
+
+    def _hybrid(self) -> bool:
+        return self.ls is not None and not self.ls.pure
+
+    def _evictable(self) -> list[int]:
+        def compute():
+            out = []
+            for r in self._live:
+                row = self.ls.rows[r]
+                # Eviction takes the oldest positions first, so the last is the likeliest paired.
+                if row.slots and (self._paired(row.slots[-1]) or any(self._paired(s) for s in row.slots[row.shared :])):
+                    out.append(r)
+            return out
+
+        return self._cached_for_step("evictable", compute)
+
+    def _cached(self) -> list[int]:
+        return sorted(r for r in self.ls.cache if not self.ls.locks[r])
 
     # --------------------------------------------------------------- init
-    @initialize(config=configs(), first=st.lists(st.integers(1, 64), max_size=4))
-    def init(self, config, first=()):
-        """Build both sides; the server starts with the `first` requests in flight,
-        so a run whose swarm switched admission off still has rows to work on."""
-        config = pinned(dict(config, device=self.device), self.config_overrides)
+    @initialize(window=st.integers(1, 64), data=st.data())
+    def init(self, window, data):
+        """Build both sides; the server starts with a few requests in flight, so a run
+        whose swarm switched admission off still has rows to work on."""
         cls = type(self)
+        config = data.draw(configs(self.device, cls.fixed), label="config")
+        pages = config["size"] // config["page_size"]
+        census = cls.census_every if pages <= CENSUS_PAGES else cls.census_every * 16
         try:
             if cls.peer is None:
-                self.ls = Lockstep(config, cls.target, census_every=self.census_every)
+                self.ls = Lockstep(config, cls.target, census_every=census)
             else:
-                self.ls = Differential(config, cls.target, cls.peer, *cls.sides, census_every=self.census_every)
+                self.ls = Differential(config, cls.target, cls.peer, *cls.sides, census_every=census)
         except NotImplementedError as e:
             # SPEC 4.3: skip what the target does not build, and say so in the statistics.
             event(f"configuration not supported by the target: {e}")
             LABELS_SEEN["unsupported configuration"] += 1
             reject()
+        # The attention window the scheduler evicts by; at page sizes above it, a page
+        # outlives the window.
+        self.window = window
         if currently_in_test_context():
             event(f"page_size {config['page_size']}, {config['kind']}{', ring' if config['ring_size'] else ''}, level {config['check_level']}")
-        for n in first:
-            self._go(Admit(((self._new_rid(), self._len(n)),)))
+        first = data.draw(st.lists(lengths(self.ls.ps), max_size=4), label="first requests")
+        if first:
+            self._go(Prefill(tuple((self._new_rid(), NEW, 0, n) for n in first)))
 
-    # -------------------------------------------------------------- rules
-    @precondition(lambda self: self.ok)
-    @rule(lengths=st.lists(st.integers(1, 64), min_size=1, max_size=3))
-    def admit(self, lengths):
-        self._go(Admit(tuple((self._new_rid(), self._len(n)) for n in lengths)))
-
-    @precondition(lambda self: self.ok and self.ls.ps > 1 and not self.ls.pure)
-    @rule(length=st.integers(1, 64), tail=st.integers(0, 64))
-    def admit_tail(self, length, tail):
-        n = self._len(length)
-        self._go(AdmitTail(self._new_rid(), n, tail % (n + 1)))
-
-    @precondition(_has_rows)
-    @rule(picks=st.lists(st.integers(0, 63), min_size=1, max_size=2, unique=True), add=st.integers(1, 64))
-    def extend(self, picks, add):
-        rids = sorted({self._pick(i) for i in picks})
-        self._go(Extend(tuple((r, self._len(add)) for r in rids)))
-
-    @precondition(_has_rows)
-    @rule(picks=st.lists(st.integers(0, 63), min_size=1, max_size=4, unique=True))
-    def decode(self, picks):
-        self._go(Decode(tuple(sorted({self._pick(i) for i in picks}))))
-
-    @precondition(_has_rows)
-    @rule(pick=st.integers(0, 63), span=st.integers(1, 64))
-    def evict(self, pick, span):
-        rid = self._pick(pick)
-        runs = self._runs(rid, paired=True)
-        if not runs:
-            return
-        lo, hi = runs[0]
-        if self.ls.ps > 1:
-            hi = len(self.ls.rows[rid].slots)  # the allocator evicts whole pages anyway
-        # Spread over the legal range, not clipped to its end: clipping would make
-        # evicting everything the likeliest choice.
-        self._go(Evict(rid, lo, lo + 1 + (span - 1) % (hi - lo)))
-
-    @precondition(lambda self: self._has_rows() and not self.ls.pure and not self.ls.ring)
-    @rule(pick=st.integers(0, 63), n=st.integers(1, 64), offset=st.integers(0, 15))
-    def repair(self, pick, n, offset):
-        """A host-cache load-back of evicted positions. What is loaded back was evicted
-        first: where the request has nothing evicted yet, its oldest positions are."""
-        rid = self._pick(pick)
+    # ------------------------------------------------------- scheduling
+    @precondition(lambda self: self.ls is not None)
+    @rule(data=st.data())
+    def prefill(self, data):
+        """A prefill batch of 1-16 entries in any order: new requests from prefix 0,
+        cache hits (an aligned prefix of a cached entry, or a whole entry taken over
+        mid-page), and chunked continuations of live requests."""
         ps = self.ls.ps
-        if not self._aligned_unpaired(rid):
-            L = len(self.ls.rows[rid].slots)
-            self._go(Evict(rid, 0, 1 + (n - 1) % L))
-        for lo, hi in self._aligned_unpaired(rid):
-            self._go(Repair(rid, lo, 1 + (n - 1) % (hi - lo), offset % ps))
-            return
+        size = data.draw(st.integers(1, 4) if data.draw(st.integers(0, 3)) else st.integers(1, BATCH_MAX), label="batch size")
+        live = [r for r in self._live if self.ls.continuable(self.ls.rows[r].slots)]
+        cached = self._cached()
+        taken: set[int] = set()
+        batch = []
+        kinds = ["new"] + (["continue"] if live else []) + (["hit"] if cached else [])
+        for _ in range(size):
+            kind = data.draw(st.sampled_from(kinds), label="entry kind")
+            add = data.draw(lengths(ps), label="tokens")
+            if kind == "continue" and live:
+                r = data.draw(st.sampled_from(live), label="continuing request")
+                live.remove(r)
+                batch.append((r, r, len(self.ls.rows[r].slots), add))
+                continue
+            rid = self._new_rid()
+            free_entries = [e for e in cached if e not in taken and (len(self.ls.cache[e].slots) % ps == 0 or self.ls.continuable(self.ls.cache[e].slots))]
+            if kind == "hit" and free_entries:
+                e = data.draw(st.sampled_from(free_entries), label="cached entry")
+                n = len(self.ls.cache[e].slots)
+                prefix = data.draw(st.integers(1, n), label="prefix")
+                if prefix % ps and prefix != n:
+                    prefix -= prefix % ps  # a shared prefix ends on a page boundary
+                prefix = prefix or n  # an unaligned whole entry is taken over
+                taken.add(e)
+                batch.append((rid, e, prefix, add))
+                continue
+            batch.append((rid, NEW, 0, add))
+        order = data.draw(st.permutations(batch), label="batch order")
+        self._go(Prefill(tuple(order)))
+
+    @precondition(lambda self: self.ls is not None and self.ls.ps > 1 and not self.ls.pure)
+    @rule(data=st.data())
+    def admit_tail(self, data):
+        n = data.draw(lengths(self.ls.ps), label="tokens")
+        tail = data.draw(st.integers(0, n), label="tail")
+        self._go(AdmitTail(self._new_rid(), n, tail))
+
+    def _decodable(self) -> list[int]:
+        return self._cached_for_step("decodable", lambda: [r for r in self._live if self.ls.continuable(self.ls.rows[r].slots)])
+
+    @precondition(lambda self: self._has_rows() and bool(self._decodable()))
+    @rule(data=st.data())
+    def decode(self, data):
+        """A run of decode steps over one batch in a scheduler's order (not sorted):
+        every running request, or some of them; requests cross page boundaries at
+        different steps, several in one step."""
+        live = self._decodable()
+        if data.draw(st.booleans(), label="all running"):
+            rids = data.draw(st.permutations(live[:DECODE_MAX]), label="decoding")
+        else:
+            rids = data.draw(st.lists(st.sampled_from(live), min_size=1, max_size=min(DECODE_MAX, len(live)), unique=True), label="decoding")
+        steps = data.draw(st.integers(1, 2 * min(self.ls.ps, 8) + 1), label="decode steps")
+        for _ in range(steps):
+            rids = [r for r in rids if r in self.ls.rows and self.ls.continuable(self.ls.rows[r].slots)]
+            if not rids:
+                break
+            self._go(Decode(tuple(rids)))
+
+    @precondition(lambda self: self._has_rows() and bool(self._evictable()))
+    @rule(data=st.data())
+    def evict(self, data):
+        """Window eviction: the SWA KV of a request's positions that left the window,
+        or of any span of its paired positions (page-granular when paged)."""
+        rid = data.draw(st.sampled_from(self._evictable()), label="request")
+        row = self.ls.rows[rid]
+        lo, hi = self._runs(row.slots, True, row.shared)[0]
+        L = len(row.slots)
+        if data.draw(st.booleans(), label="by window"):
+            end = hi if self.ls.ps == 1 else L  # at page size 1 a slot with no peer cannot be evicted
+            hi = min(max(lo + 1, L - self.window), end)
+        else:
+            if self.ls.ps > 1:
+                hi = L  # the allocator evicts whole pages anyway
+            hi = data.draw(st.integers(lo + 1, hi), label="evict to")
+        self._go(Evict(rid, lo, hi))
 
     def _aligned_unpaired(self, rid: int) -> list[tuple[int, int]]:
-        """Unpaired runs from their first page boundary on: a load-back starts on a full page."""
+        """Unpaired own runs from their first page boundary on: a load-back starts on a full page."""
         ps = self.ls.ps
-        runs = [(-(-lo // ps) * ps, hi) for lo, hi in self._runs(rid, paired=False)] if rid in self.ls.rows else []
+        row = self.ls.rows[rid]
+        runs = [(-(-lo // ps) * ps, hi) for lo, hi in self._runs(row.slots, False, row.shared)]
         return [(lo, hi) for lo, hi in runs if lo < hi]
 
+    def _repairable(self) -> list[int]:
+        def has_aligned_unpaired(r):
+            row, ps = self.ls.rows[r], self.ls.ps
+            return any(not self._paired(row.slots[p]) for p in range(row.shared, len(row.slots), ps))
+
+        return self._cached_for_step("repairable", lambda: [r for r in self._live if has_aligned_unpaired(r)])
+
+    @precondition(lambda self: self._has_rows() and not self.ls.pure and not self.ls.ring and bool(self._repairable()))
+    @rule(data=st.data())
+    def repair(self, data):
+        """A host-cache load-back: evicted positions paired with new SWA slots, the SWA
+        chunk starting anywhere inside its first page."""
+        rid = data.draw(st.sampled_from(self._repairable()), label="request")
+        lo, hi = data.draw(st.sampled_from(self._aligned_unpaired(rid)), label="run")
+        n = data.draw(st.integers(1, hi - lo), label="positions")
+        offset = data.draw(st.integers(0, self.ls.ps - 1), label="offset")
+        self._go(Repair(rid, lo, n, offset))
+
+    def _segment_span(self, rid: int) -> tuple[int, int] | None:
+        """Whole pages from the first one whose SWA KV free_swa_segment can release
+        (every representative paired, in step with its full page), as far as they go."""
+        ls, ps = self.ls, self.ls.ps
+        row = ls.rows[rid]
+        L = len(row.slots)
+        if ls.ring:
+            return (row.shared, L) if row.shared < L else None
+        def ok(p):
+            s = row.slots[p]
+            if ls.pure:
+                return s != RELEASED
+            peer = ls.model.peer.get(s)
+            return peer is not None and peer % ps == s % ps and all(
+                ls.model.peer.get(x, -1) - peer == x - s for x in row.slots[p : min(p + ps, L)])
+        lo = next((p for p in range(row.shared, L, ps) if ok(p)), None)
+        if lo is None:
+            return None
+        hi = lo
+        while hi < L and ok(hi):
+            hi = min(hi + ps, L)
+        return lo, hi
+
+    def _segment_evictable(self) -> list[int]:
+        return self._cached_for_step("segment", lambda: [r for r in self._live if self._segment_span(r)])
+
+    @precondition(lambda self: self._has_rows() and bool(self._segment_evictable()))
+    @rule(data=st.data())
+    def evict_segment(self, data):
+        """Window eviction by segment (sglang 0.5.23's free_swa_segment)."""
+        rid = data.draw(st.sampled_from(self._segment_evictable()), label="request")
+        lo, hi = self._segment_span(rid)
+        hi = data.draw(st.integers(lo + 1, hi), label="evict to")
+        self._go(EvictSegment(rid, lo, hi))
+
+    def _page_free_start(self, rid: int) -> int | None:
+        """The first page-aligned position from which the row holds no SWA KV."""
+        ls, ps = self.ls, self.ls.ps
+        row = ls.rows[rid]
+        L = len(row.slots)
+        if ls.pure or ls.ring:
+            return row.shared if row.shared < L else None
+        start = L
+        while start > row.shared and row.slots[start - 1] not in ls.model.peer:
+            start -= 1
+        start = -(-start // ps) * ps
+        return start if start < L else None
+
+    def _page_freeable(self) -> list[int]:
+        return self._cached_for_step("page ids", lambda: [r for r in self._live if self._page_free_start(r) is not None])
+
+    @precondition(lambda self: self._has_rows() and bool(self._page_freeable()))
+    @rule(data=st.data())
+    def free_pages(self, data):
+        """A cache-style free by page id (sglang 0.5.23's free_page_ids) of a row's
+        tail whose SWA KV is already gone."""
+        rid = data.draw(st.sampled_from(self._page_freeable()), label="request")
+        start = self._page_free_start(rid)
+        L, ps = len(self.ls.rows[rid].slots), self.ls.ps
+        start = data.draw(st.integers(start // ps, (L - 1) // ps), label="from page") * ps
+        self._go(FreePages(rid, start))
+
+    def _finish_hows(self, rid: int) -> list[str]:
+        ls = self.ls
+        row = ls.rows[rid]
+        hows = ["split", "full_segments"]
+        unpaired = self._runs(row.slots, False, row.shared)
+        if ls.ps > 1 or ls.pure or not unpaired:
+            hows.append("free")  # free at page size 1 of a slot with no peer breaks a contract
+        if ls.ps > 1 and not ls.pure:
+            hows.append("segments")
+        if not ls.pure and not row.shared:
+            hows.append("cache")
+        return hows
+
     @precondition(_has_rows)
-    @rule(pick=st.integers(0, 63), how=st.sampled_from(FINISH_HOWS))
-    def finish(self, pick, how):
-        rid = self._pick(pick)
-        if self.ls.ps == 1 and how != "split" and self._runs(rid, paired=False):
-            how = "split"  # free of a position with no SWA peer breaks a contract at page 1
+    @rule(data=st.data())
+    def finish(self, data):
+        rid = data.draw(st.sampled_from(self._live), label="request")
+        how = data.draw(st.sampled_from(self._finish_hows(rid)), label="how")
         self._go(Finish(rid, how))
 
-    @precondition(_has_rows)
-    @rule(pick=st.integers(0, 63), keep=st.integers(0, 64))
-    def drop_tail(self, pick, keep):
-        rid = self._pick(pick)
-        L, ps = len(self.ls.rows[rid].slots), self.ls.ps
-        if ps > 1:
-            keep = (keep % -(-L // ps)) * ps
-        else:
-            unpaired = self._runs(rid, paired=False)
-            floor = unpaired[-1][1] if unpaired else 0
-            if floor >= L:
-                return
-            keep = floor + keep % (L - floor)
+    def _droppable(self) -> list[int]:
+        def compute():
+            if self.ls.ps > 1:
+                return [r for r in self._live if self._own(r)[0] < self._own(r)[1]]
+            # At page size 1 the tail from the last unpaired position on.
+            return [r for r in self._live if self._paired(self.ls.rows[r].slots[-1])]
+
+        return self._cached_for_step("droppable", compute)
+
+    def _drop_floor(self, rid: int) -> int:
+        """The first position a free_segment of the row's tail may start at."""
+        lo, L = self._own(rid)
+        if self.ls.ps == 1:  # a free of a slot with no peer breaks a contract at page 1
+            unpaired = self._runs(self.ls.rows[rid].slots, False, lo)
+            return unpaired[-1][1] if unpaired else lo
+        return lo
+
+    @precondition(lambda self: self._has_rows() and bool(self._droppable()))
+    @rule(data=st.data())
+    def drop_tail(self, data):
+        rid = data.draw(st.sampled_from(self._droppable()), label="request")
+        floor, L = self._drop_floor(rid), len(self.ls.rows[rid].slots)
+        keep = data.draw(st.integers(floor, L - 1), label="keep")
+        if self.ls.ps > 1:
+            keep -= keep % self.ls.ps
+            keep = max(keep, floor)
         self._go(DropTail(rid, keep))
 
-    @precondition(lambda self: self.ok and not self.ls.model.group_open)
+    @precondition(lambda self: self._has_rows() and not self.ls.pure)
+    @rule(data=st.data())
+    def retract(self, data):
+        """Retract a batch under memory pressure: host copies, then one free per kind."""
+        rids = data.draw(st.lists(st.sampled_from(self._live), min_size=1, max_size=8, unique=True), label="retracting")
+        self._go(Retract(tuple(rids)))
+
+    @precondition(lambda self: self.ls is not None and bool(self.ls.retracted))
+    @rule(data=st.data())
+    def resume(self, data):
+        waiting = sorted(self.ls.retracted)
+        rids = data.draw(st.lists(st.sampled_from(waiting), min_size=1, max_size=8, unique=True), label="resuming")
+        self._go(Resume(tuple(rids)))
+
+    def _cache_pieces(self, call: str, rid: int) -> tuple[int, int] | None:
+        """The span of a cached entry `call` can evict legally, or None."""
+        ls = self.ls
+        slots = ls.cache[rid].slots
+        L, ps = len(slots), ls.ps
+        paired = self._runs(slots, True)
+        unpaired = self._runs(slots, False)
+        if call == "free_swa":
+            if not paired:
+                return None
+            lo, hi = paired[-1]
+            if ps > 1:
+                lo -= lo % ps
+            return lo, hi
+        if call == "free":  # from the end; at page size 1 every slot freed needs its peer
+            lo = unpaired[-1][1] if ps == 1 and unpaired else 0
+            return (lo, L) if lo < L else None
+        # free_full: only pages with no paired slot left
+        if not paired:
+            return 0, L
+        lo = paired[-1][1]
+        lo = -(-lo // ps) * ps
+        return (lo, L) if lo < L else None
+
+    def _evictions(self) -> dict[str, dict[int, tuple[int, int]]]:
+        """call -> {cached entry: the span that call may evict}, where any."""
+        def compute():
+            out = {}
+            for call in ("free", "free_swa", "free_full"):
+                spans = {r: self._cache_pieces(call, r) for r in self._cached()}
+                spans = {r: span for r, span in spans.items() if span}
+                if spans:
+                    out[call] = spans
+            return out
+
+        return self._cached_for_step("evictions", compute)
+
+    @precondition(lambda self: self.ls is not None and bool(self._evictions()))
+    @rule(data=st.data())
+    def cache_free(self, data):
+        """A cache eviction over the concatenated tails of several cached entries."""
+        evictions = self._evictions()
+        call = data.draw(st.sampled_from(sorted(evictions)), label="call")
+        spans = evictions[call]
+        picked = data.draw(st.lists(st.sampled_from(sorted(spans)), min_size=1, max_size=8, unique=True), label="entries")
+        pieces = []
+        for r in picked:
+            lo, hi = spans[r]
+            if data.draw(st.booleans(), label="part"):
+                step = self.ls.ps
+                cut = data.draw(st.integers(lo // step, (hi - 1) // step), label="from page") * step
+                lo = max(lo, cut)
+            pieces.append((r, lo, hi))
+        interleave = len(pieces) > 1 and data.draw(st.booleans(), label="interleave")
+        self._go(CacheFree(call, tuple(pieces), interleave))
+
+    @precondition(lambda self: self.ls is not None)
+    @rule(data=st.data())
+    def empty(self, data):
+        calls = [c for c in EMPTY_CALLS if c != "alloc" or self.ls.ps == 1]
+        self._go(Empty(data.draw(st.sampled_from(calls), label="call")))
+
+    # ------------------------------------------------------------- upkeep
+    @precondition(lambda self: self.ls is not None and not self.ls.model.group_open)
     @rule()
     def group_begin(self):
         self._go(GroupBegin())
 
-    @precondition(lambda self: self.ok and self.ls.model.group_open)
+    @precondition(lambda self: self.ls is not None and self.ls.model.group_open)
     @rule()
     def group_end(self):
         self._go(GroupEnd())
 
-    @precondition(lambda self: self.ok)
-    @rule(op=st.sampled_from(("merge_sort", "clear", "resize")), full=st.integers(0, 64), swa=st.integers(0, 64))
-    def maintain(self, op, full, swa):
+    @precondition(lambda self: self.ls is not None)
+    @rule(op=st.sampled_from(("merge_sort", "clear", "resize")), data=st.data())
+    def maintain(self, op, data):
         """Upkeep that touches every page: merge/sort the free lists, clear, or resize."""
         if op == "merge_sort":
             self._go(MergeSort())
@@ -265,72 +547,83 @@ class LockstepMachine(RuleBasedStateMachine):
             self._go(Clear())
         else:
             m, ps = self.ls.model, self.ls.ps
-            size = (1 + full % (m.built_size // ps)) * ps
-            size_swa = size if m.pure else (1 + swa % (m.built_size_swa // ps)) * ps
+            size = data.draw(st.integers(1, m.built_size // ps), label="full pages") * ps
+            size_swa = size if m.pure else data.draw(st.integers(1, m.built_size_swa // ps), label="SWA pages") * ps
             self._go(Resize(size, size_swa))
 
-    @precondition(lambda self: self.ok)
-    @rule(kind=st.sampled_from(BREAKS[2:]), pick=st.integers(0, 63))
-    def contract_break(self, kind, pick):
-        self._first_break(BREAKS[2:], kind, pick)
+    # ------------------------------------------------------ contract breaks
+    def _can_break(self, kinds: tuple[str, ...]) -> bool:
+        return self._cached_for_step(("breaks", kinds), lambda: any(self._breaks(kind, limit=1) for kind in kinds))
 
-    @precondition(_has_rows)
-    @rule(kind=st.sampled_from(BREAKS[:2]), pick=st.integers(0, 63))
-    def guard_break(self, kind, pick):
-        """The two breaks the allocator's own guards watch (swa.peer_mapped and
+    def _draw_break(self, data, kinds: tuple[str, ...]) -> Break:
+        kind = data.draw(st.sampled_from([k for k in kinds if self._breaks(k, limit=1)]), label="break kind")
+        return data.draw(st.sampled_from(self._breaks(kind)), label="break")
+
+    @precondition(lambda self: self.ls is not None and self._can_break(OTHER_BREAKS + PAGE_ID_BREAKS))
+    @rule(data=st.data())
+    def contract_break(self, data):
+        self._go(self._draw_break(data, OTHER_BREAKS + PAGE_ID_BREAKS))
+
+    @precondition(lambda self: self._has_rows() and self._can_break(GUARD_BREAKS))
+    @rule(data=st.data())
+    def guard_break(self, data):
+        """The breaks the allocator's own guards watch (swa.peer_mapped and
         swa.peer_released): guard agreement at every level is checked on these, and
         a break tolerated at warn or off leaves stale entries later calls must cope with."""
-        self._first_break(BREAKS[:2], kind, pick)
+        self._go(self._draw_break(data, GUARD_BREAKS))
 
-    def _first_break(self, kinds: tuple[str, ...], kind: str, pick: int) -> None:
-        # The drawn kind, or the next one the current state can make, so that a draw
-        # is rarely wasted and shrinks toward the first kinds.
-        start = kinds.index(kind)
-        for k in kinds[start:] + kinds[:start]:
-            step = self._break_step(k, pick)
-            if step is not None:
-                self._go(step)
-                return
-
-    def _break_step(self, kind: str, pick: int) -> Break | None:
-        """The break, where the current state can make it; None where it cannot."""
+    def _breaks(self, kind: str, limit: int = 8) -> list[Break]:
+        """The breaks of this kind the current state can make (at most `limit`)."""
         ls, m = self.ls, self.ls.model
         hybrid = not m.pure
-        if kind == "nested_group":
-            return Break(kind) if m.group_open else None
-        if kind in ("tail_batch", "tail_long"):
-            return Break(kind) if ls.ps > 1 and hybrid else None
-        if kind == "paged_on_token":
-            return Break(kind) if ls.ps == 1 else None
-        if kind == "alloc_on_paged":
-            return Break(kind) if ls.ps > 1 else None
-        if kind == "resize_grow":
-            # Not to a target that declares it does not refuse this break (SPEC 4.7).
-            return None if kind in getattr(type(self).target, "unrefused_breaks", ()) else Break(kind)
-        if kind == "double_free":
-            return Break(kind) if ls.ghosts else None
-        if kind == "never_allocated":
-            return Break(kind) if m.full.free else None
-        if not ls.rows:
-            return None
-        rid = self._pick(pick)
-        slots = ls.rows[rid].slots
-        if kind == "free_unpaired":
-            ok = hybrid and ls.ps == 1 and not ls.ring and any(s not in m.peer for s in slots)
-        elif kind == "free_full_paired":
-            ok = hybrid and any(s in m.peer for s in slots)
-        elif kind == "partial_page":
-            ok = ls.ps > 1 and len(slots) > 1
-        else:  # unaligned_segment
-            ok = ls.ps > 1 and len(slots) > 1
-        return Break(kind, rid) if ok else None
+        if kind in unrefused_breaks(type(self).target):
+            return []  # SPEC 4.7: the target declares it does not refuse this break
+        if BREAKS[kind] == "debug":
+            # Sent only where sglang's debug mode refuses them: elsewhere the allocator
+            # need not notice, and the harness never sends those.
+            if not (ls.debug and ls.ps > 1 and not m.group_open):
+                return []
+            if kind != "page_ids_twice":
+                return [Break(kind)] if kind == "page_ids_padding" or m.full.free else []
+            return [Break(kind, r) for r in self._live[:limit] if ls.rows[r].slots[ls.rows[r].shared :]]
+        if BREAKS[kind] != "guard" and kind not in ("partial_page", "unaligned_segment"):
+            if kind == "nested_group":
+                ok = m.group_open
+            elif kind in ("tail_batch", "tail_long"):
+                ok = ls.ps > 1 and hybrid
+            elif kind == "paged_on_token":
+                ok = ls.ps == 1
+            elif kind == "alloc_on_paged":
+                ok = ls.ps > 1
+            elif kind == "double_free":
+                ok = any(ls.ghosts.values())
+            elif kind == "never_allocated":
+                ok = bool(m.full.free)
+            else:  # resize_grow
+                ok = True
+            return [Break(kind)] if ok else []
+        out = []
+        for rid in self._live:
+            row = ls.rows[rid]
+            own = row.slots[row.shared :]
+            if not own:
+                continue
+            if kind == "free_unpaired":
+                ok = hybrid and ls.ps == 1 and not ls.ring and any(s not in m.peer for s in own)
+            elif kind == "free_full_paired":
+                ok = hybrid and any(s in m.peer for s in own)
+            else:  # partial_page, unaligned_segment
+                ok = ls.ps > 1 and len(own) > 1
+            if ok:
+                out.append(Break(kind, rid))
+                if len(out) >= limit:
+                    break
+        return out
 
     # ----------------------------------------------------------- teardown
     def teardown(self):
-        if self.ls is not None and not self.ls.tainted and not self.failed:
-            self.ls.index += 1
-            self.ls.step = None
-            self.ls.census()
+        if self.ls is not None and not self.failed:
+            self.ls.close()
 
 
 def machine_for(
@@ -339,14 +632,14 @@ def machine_for(
     census_every: int = 16,
     peer: Target | None = None,
     sides: tuple[dict, dict] = ({}, {}),
-    config_overrides: dict | None = None,
+    fixed: dict | None = None,
 ) -> type[LockstepMachine]:
     """A LockstepMachine class bound to one target and device.
 
     With `peer`, every step also runs on a second target and the two must agree slot
     for slot; `sides` adds config keys per side, e.g. ({"device": "cpu"}, {"device":
-    "cuda"}) or ({"backend": "cpu"}, {"backend": "npu_emulated"}). `config_overrides`
-    pins configuration keys over the drawn ones (see `pinned`).
+    "cuda"}) or ({"backend": "cpu"}, {"backend": "npu_emulated"}). `fixed` pins
+    configuration keys (e.g. {"page_size": 16}) over the drawn ones.
     """
     return type(
         "LockstepMachine",
@@ -357,6 +650,6 @@ def machine_for(
             "census_every": census_every,
             "peer": None if peer is None else staticmethod(peer),
             "sides": sides,
-            "config_overrides": dict(config_overrides or {}),
+            "fixed": dict(fixed or {}),
         },
     )

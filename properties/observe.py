@@ -20,8 +20,9 @@ def sizes(alloc) -> dict[str, int]:
     }
 
 
-def free_pages(sub) -> list[int]:
-    """Free and staged pages (slots at page_size 1) of one sub-allocator.
+def free_page_tensor(sub) -> torch.Tensor:
+    """Free and staged pages (slots at page_size 1) of one sub-allocator, as one int64
+    tensor on its device: for whole-pool comparisons that stay vectorized.
 
     Its `free_pages` and `release_pages`; where it stages in `staged_pages` (sglang
     0.5.23's paged allocator stages frees in a list of its own), `get_all_free_pages()`."""
@@ -29,23 +30,71 @@ def free_pages(sub) -> list[int]:
     if hasattr(sub, "staged_pages") and callable(get_all):
         pages = get_all()
         if pages is not None:
-            return pages.reshape(-1).to(torch.int64).tolist()
+            return pages.reshape(-1).to(torch.int64)
     parts = [sub.free_pages]
     staged = getattr(sub, "release_pages", None)
     if staged is not None and staged.numel():
         parts.append(staged)
-    return torch.cat([p.reshape(-1).to(torch.int64) for p in parts]).tolist()
+    return torch.cat([p.reshape(-1).to(torch.int64) for p in parts])
+
+
+def free_pages(sub) -> list[int]:
+    """Free and staged pages (slots at page_size 1) of one sub-allocator."""
+    return free_page_tensor(sub).tolist()
+
+
+def free_mask(sub, pages: list[int]) -> list[bool]:
+    """Whether each of `pages` is free or staged in one sub-allocator, without copying
+    the pool's list to the host: a mask over page ids, O(pool) on the device
+    (torch.isin sorts the pool on every call)."""
+    if not pages:
+        return []
+    pool = free_page_tensor(sub)
+    n = max(pages) + 1
+    mask = torch.zeros(n + 1, dtype=torch.bool, device=pool.device)  # index n: "no such page"
+    mask[pool[(pool >= 0) & (pool < n)]] = True
+    return mask[torch.tensor([p if p >= 0 else n for p in pages], dtype=torch.int64, device=pool.device)].tolist()
+
+
+def mapping_tensor(alloc) -> torch.Tensor:
+    """The full-to-SWA mapping itself (sentinel last), for vectorized comparison."""
+    return alloc.full_to_swa_index_mapping
 
 
 def mapping(alloc) -> list[int]:
     return alloc.full_to_swa_index_mapping.tolist()
 
 
+OUTSIDE = -2  # the peer read for a full slot outside the mapping: no real peer is -2
+
+
 def peers(alloc, full_slots: list[int]) -> list[int]:
     if not full_slots:
         return []
     m = alloc.full_to_swa_index_mapping
-    return m[torch.tensor(full_slots, dtype=torch.int64, device=m.device)].tolist()
+    n = m.numel()
+    inside = [f for f in full_slots if 0 <= f < n]
+    got = iter(m[torch.tensor(inside, dtype=torch.int64, device=m.device)].tolist() if inside else [])
+    # A slot the target handed out beyond its own mapping has no peer to read; the
+    # model reports the slot itself (pool.capacity), so the read must not fail here.
+    return [next(got) if 0 <= f < n else OUTSIDE for f in full_slots]
+
+
+def resolve(alloc, full_slots: list[int]) -> dict[str, list[int]]:
+    """Where attention reads the SWA KV of these full slots: through the KV pool's
+    registered mapping and through the allocator's own translate. Empty where the
+    target has neither (a target without an SWA KV pool)."""
+    if not full_slots:
+        return {}
+    out = {}
+    m = alloc.full_to_swa_index_mapping
+    idx = torch.tensor(full_slots, dtype=torch.int64, device=m.device)
+    kv = alloc.get_kvcache() if hasattr(alloc, "get_kvcache") else None
+    if hasattr(kv, "translate_loc_from_full_to_swa"):
+        out["the KV pool's translate_loc_from_full_to_swa"] = kv.translate_loc_from_full_to_swa(idx).tolist()
+    if hasattr(alloc, "translate_loc_from_full_to_swa"):
+        out["translate_loc_from_full_to_swa"] = alloc.translate_loc_from_full_to_swa(idx).tolist()
+    return out
 
 
 def sentinel(alloc) -> int:

@@ -100,6 +100,64 @@ class DropTail(Step):
     keep: int
 
 
+# `Prefill.batch` entries name where a request's prefix comes from.
+NEW = -1  # a new request, prefix 0
+
+
+@dataclass(frozen=True)
+class Prefill(Step):
+    """One prefill batch as a scheduler forms it, entries in batch order. Each entry is
+    (rid, src, prefix, add): src NEW is a new request from prefix 0; src == rid is a
+    chunked continuation of live request rid from its current length (prefix); any
+    other src is a cached entry (a finished request the cache kept) whose first
+    `prefix` positions the new request reuses. A prefix that ends inside a page
+    takes the whole entry over (the cache hands the request its last page), so it
+    must be the entry's length."""
+
+    op: ClassVar[str] = "prefill"
+    batch: tuple[tuple[int, int, int, int], ...]
+
+
+@dataclass(frozen=True)
+class Retract(Step):
+    """Retract a batch: copy each request's KV to the host (get_cpu_copy), then free
+    their slots in one call per kind, over the requests' rows concatenated."""
+
+    op: ClassVar[str] = "retract"
+    rids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Resume(Step):
+    """Re-admit retracted requests in one batch and load their host copies back
+    (load_cpu_copy); what they read afterwards must be what they had."""
+
+    op: ClassVar[str] = "resume"
+    rids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class CacheFree(Step):
+    """A cache eviction: one `call` (free, free_swa or free_full) over the positions
+    lo..hi-1 of several cached entries, concatenated in the order given; with
+    `interleave`, taken round-robin one position from each piece in turn (a
+    token-major layout, so a page recurs with other pages between)."""
+
+    op: ClassVar[str] = "cache_free"
+    call: str
+    pieces: tuple[tuple[int, int, int], ...]
+    interleave: bool = False
+
+
+@dataclass(frozen=True)
+class Empty(Step):
+    """A call with no positions at all (`call` of an empty index tensor, or alloc(0)),
+    as a scheduler makes when a request's KV is all cached: it must change nothing."""
+
+    op: ClassVar[str] = "empty"
+    call: str
+
+
 @dataclass(frozen=True)
 class GroupBegin(Step):
     op: ClassVar[str] = "group_begin"
@@ -127,41 +185,80 @@ class Resize(Step):
     size_swa: int
 
 
-# Deliberate contract breaks (SPEC 3.2), by kind.
-BREAKS = (
-    "free_unpaired",  # free at page_size 1 of a position whose SWA peer is gone
-    "free_full_paired",  # free_full of a position that still has an SWA peer
-    "double_free",  # free again the slots of a finished request
-    "never_allocated",  # free a slot on a free page
-    "partial_page",  # free one position of a page whose others are in use
-    "nested_group",  # free_group_begin inside a group
-    "unaligned_segment",  # free_segment from a position inside a page
-    "tail_batch",  # alloc_extend_swa_tail with two requests
-    "tail_long",  # alloc_extend_swa_tail with a tail longer than the extend
-    "paged_on_token",  # alloc_extend at page_size 1
-    "alloc_on_paged",  # alloc(n) on a paged hybrid allocator
-    "resize_grow",  # resize above the built size
-)
+# Deliberate contract breaks (SPEC 3.2): kind -> how the allocator must react.
+# "guard": one of its own guards (swa.peer_mapped / swa.peer_released) watches it,
+# crashing, counting or silent by level; "error": a clear error, state unchanged;
+# "unnoticed": the allocator need not notice, the harness must (never sent as legal);
+# "debug": unnoticed, but refused in sglang's debug mode (SGLANG_DEBUG_MEMORY_POOL).
+BREAKS: dict[str, str] = {
+    "free_unpaired": "guard",  # free at page_size 1 of a position whose SWA peer is gone
+    "free_full_paired": "guard",  # free_full of a position that still has an SWA peer
+    "double_free": "unnoticed",  # free again the slots of a finished request
+    "never_allocated": "unnoticed",  # free a slot on a free page
+    "partial_page": "unnoticed",  # free one position of a page whose others are in use
+    "nested_group": "error",  # free_group_begin inside a group
+    "unaligned_segment": "error",  # free_segment from a position inside a page
+    "tail_batch": "error",  # alloc_extend_swa_tail with two requests
+    "tail_long": "error",  # alloc_extend_swa_tail with a tail longer than the extend
+    "paged_on_token": "error",  # alloc_extend at page_size 1
+    "alloc_on_paged": "error",  # alloc(n) on a paged hybrid allocator
+    "resize_grow": "error",  # resize above the built size
+    # sglang 0.5.23's free_page_ids: unnoticed, except that its debug mode refuses them.
+    "page_ids_twice": "debug",  # free_page_ids naming a request's last page twice
+    "page_ids_padding": "debug",  # free_page_ids of page 0
+    "page_ids_free": "debug",  # free_page_ids of a page that is free
+}
+GUARD_BREAKS = tuple(k for k, v in BREAKS.items() if v == "guard")
+OTHER_BREAKS = tuple(k for k, v in BREAKS.items() if v not in ("guard", "debug"))
+PAGE_ID_BREAKS = tuple(k for k, v in BREAKS.items() if v == "debug")
 
 
 @dataclass(frozen=True)
 class Break(Step):
-    """A deliberate contract break of one of the kinds in BREAKS."""
+    """A deliberate contract break of one of the kinds in BREAKS or PAGE_ID_BREAKS."""
 
     op: ClassVar[str] = "break"
     kind: str
     rid: int = -1
 
 
+@dataclass(frozen=True)
+class EvictSegment(Step):
+    """Window eviction by segment (sglang 0.5.23): free_swa_segment of positions
+    lo..hi-1, start_pos lo; free_swa of them where the target has no free_swa_segment."""
+
+    op: ClassVar[str] = "evict_segment"
+    rid: int
+    lo: int
+    hi: int
+
+
+@dataclass(frozen=True)
+class FreePages(Step):
+    """A cache-style free by page id: the full pages under positions start.. of a
+    request go back through full_attn_allocator.free_page_ids (free of their slots
+    where it has none); the request keeps positions 0..start-1, or is finished at 0."""
+
+    op: ClassVar[str] = "free_pages"
+    rid: int
+    start: int
+
+
 STEP_TYPES: dict[str, type[Step]] = {
     cls.op: cls
     for cls in (
         Admit, AdmitTail, Extend, Decode, Evict, Repair, Finish, DropTail,
-        GroupBegin, GroupEnd, MergeSort, Clear, Resize, Break,
+        GroupBegin, GroupEnd, MergeSort, Clear, Resize, Break, EvictSegment, FreePages,
+        Prefill, Retract, Resume, CacheFree, Empty,
     )
 }
 
-FINISH_HOWS = ("split", "free", "segments")
+# split: free of paired pages, free_full of the rest; free: one free; segments:
+# free_segments by page; full_segments: split, its unpaired runs by free_full_segment;
+# cache: the cache keeps the page-aligned part as an entry, the rest is freed.
+FINISH_HOWS = ("split", "free", "segments", "full_segments", "cache")
+CACHE_CALLS = ("free", "free_swa", "free_full")
+EMPTY_CALLS = ("free", "free_swa", "free_full", "free_segment", "alloc")
 
 
 class StepFormatError(ValueError):
@@ -179,15 +276,20 @@ def _int(data: dict, name: str) -> int:
     return v
 
 
-def _pairs(data: dict, name: str) -> tuple[tuple[int, int], ...]:
+# Fields holding lists of integer tuples: their width and what each entry says.
+_TUPLES = {"reqs": (2, "[rid, count]"), "batch": (4, "[rid, src, prefix, add]"), "pieces": (3, "[rid, lo, hi]")}
+
+
+def _tuples(data: dict, name: str) -> tuple[tuple[int, ...], ...]:
+    width, shape = _TUPLES[name]
     v = data.get(name)
     if not isinstance(v, list) or not v:
-        raise StepFormatError(name, f"must be a non-empty list of [rid, count] pairs, got {v!r}")
+        raise StepFormatError(name, f"must be a non-empty list of {shape} entries, got {v!r}")
     out = []
     for item in v:
-        if not (isinstance(item, list) and len(item) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in item)):
-            raise StepFormatError(name, f"each entry must be [rid, count] integers, got {item!r}")
-        out.append((item[0], item[1]))
+        if not (isinstance(item, list) and len(item) == width and all(isinstance(x, int) and not isinstance(x, bool) for x in item)):
+            raise StepFormatError(name, f"each entry must be {shape} integers, got {item!r}")
+        out.append(tuple(item))
     return tuple(out)
 
 
@@ -205,16 +307,20 @@ def step_from_json(data: Any) -> Step:
             continue
         if f.name not in data:
             raise StepFormatError(f.name, f"missing from a {op!r} step")
-        if f.name == "reqs":
-            kwargs[f.name] = _pairs(data, f.name)
+        if f.name in _TUPLES:
+            kwargs[f.name] = _tuples(data, f.name)
         elif f.name == "rids":
             v = data[f.name]
             if not isinstance(v, list) or not v or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
                 raise StepFormatError(f.name, f"must be a non-empty list of integers, got {v!r}")
             kwargs[f.name] = tuple(v)
-        elif f.name in ("how", "kind"):
+        elif f.name == "interleave":
+            if not isinstance(data[f.name], bool):
+                raise StepFormatError(f.name, f"must be true or false, got {data[f.name]!r}")
+            kwargs[f.name] = data[f.name]
+        elif f.name in ("how", "kind", "call"):
             v = data[f.name]
-            allowed = FINISH_HOWS if f.name == "how" else BREAKS
+            allowed = {"how": FINISH_HOWS, "kind": BREAKS, "call": EMPTY_CALLS if cls is Empty else CACHE_CALLS}[f.name]
             if v not in allowed:
                 raise StepFormatError(f.name, f"must be one of {', '.join(allowed)}, got {v!r}")
             kwargs[f.name] = v

@@ -1,21 +1,14 @@
-"""Pure page arithmetic and layouts, with contracts that `crosshair check` analyses.
+"""The page arithmetic the reference model calls, with contracts `crosshair check` analyses.
 
 Everything here is a total function of small integers and lists of integers, so the
-model can use it per call and crosshair can search it for counterexamples. Each
-post-condition states a property the allocator relies on in other terms than the
-body computes it, so a wrong body breaks at least one of them.
+model can use it per call and crosshair can search it for counterexamples. Only what
+the model calls lives here. Each post-condition states a property the allocator
+relies on in other terms than the body computes it, so a wrong body breaks at least
+one of them; tests/reference/test_crosshair_not_vacuous.py plants a bug in each
+function and shows crosshair refutes it.
 """
 
 from __future__ import annotations
-
-
-def page_of(slot: int, page_size: int) -> int:
-    """
-    pre: slot >= 0
-    pre: page_size >= 1
-    post: __return__ * page_size <= slot < (__return__ + 1) * page_size
-    """
-    return slot // page_size
 
 
 def pages_spanned(num_tokens: int, page_size: int) -> int:
@@ -75,53 +68,6 @@ def continued_count(prefix_len: int, seq_len: int, page_size: int) -> int:
     return min(seq_len, (prefix_len // page_size + 1) * page_size) - prefix_len
 
 
-def extend_layout(
-    prefix_len: int, seq_len: int, last_loc: int, pages: list[int], page_size: int
-) -> list[int]:
-    """Slots for positions prefix_len..seq_len-1: continue last_loc's page, then `pages`.
-
-    pre: 0 <= prefix_len <= seq_len
-    pre: page_size >= 1
-    pre: len(pages) == new_pages(prefix_len, seq_len, page_size)
-    post: len(__return__) == seq_len - prefix_len
-    post: __return__[:continued_count(prefix_len, seq_len, page_size)] == list(range(last_loc + 1, last_loc + 1 + continued_count(prefix_len, seq_len, page_size)))
-    post: all(s % page_size == (prefix_len + i) % page_size for i, s in enumerate(__return__) if i >= continued_count(prefix_len, seq_len, page_size))
-    post: [s // page_size for s in __return__[continued_count(prefix_len, seq_len, page_size)::page_size]] == pages
-    post: set(s // page_size for s in __return__[continued_count(prefix_len, seq_len, page_size):]) == set(pages)
-    """
-    k = continued_count(prefix_len, seq_len, page_size)
-    out = [last_loc + 1 + i for i in range(k)]
-    for pos in range(prefix_len + k, seq_len):
-        out.append(pages[(pos - prefix_len - k) // page_size] * page_size + pos % page_size)
-    return out
-
-
-def decode_needs_page(seq_len: int, page_size: int) -> bool:
-    """Whether the new position seq_len-1 opens a page.
-
-    pre: seq_len >= 1
-    pre: page_size >= 1
-    post: __return__ == (new_pages(seq_len - 1, seq_len, page_size) == 1)
-    post: __return__ == (continued_count(seq_len - 1, seq_len, page_size) == 0)
-    """
-    return (seq_len - 1) % page_size == 0
-
-
-def decode_layout(seq_len: int, last_loc: int, page: int, page_size: int) -> int:
-    """The slot of decode position seq_len-1: last_loc+1 inside the page, else the first
-    slot of `page` (ignored when no page opens).
-
-    pre: seq_len >= 1
-    pre: page_size >= 1
-    post: decode_needs_page(seq_len, page_size) or __return__ == last_loc + 1
-    post: not decode_needs_page(seq_len, page_size) or (__return__ == page * page_size)
-    post: __return__ == extend_layout(seq_len - 1, seq_len, last_loc, [page] * new_pages(seq_len - 1, seq_len, page_size), page_size)[0]
-    """
-    if (seq_len - 1) % page_size:
-        return last_loc + 1
-    return page * page_size
-
-
 def expand_to_pages(slots: list[int], page_size: int) -> list[int]:
     """Every slot of every page that `slots` touch, each page once, in first-touch order.
 
@@ -138,16 +84,6 @@ def expand_to_pages(slots: list[int], page_size: int) -> list[int]:
     for s in slots:
         seen.setdefault(s // page_size, None)
     return [p * page_size + o for p in seen for o in range(page_size)]
-
-
-def tail_split(extend_len: int, tail_len: int) -> tuple[int, int]:
-    """(positions with no SWA peer, positions paired) of an extend with an SWA tail.
-
-    pre: 0 <= tail_len <= extend_len
-    post: __return__[0] + __return__[1] == extend_len
-    post: __return__[1] == tail_len
-    """
-    return extend_len - tail_len, tail_len
 
 
 def tail_pages_bounds(seq_len: int, tail_len: int, page_size: int) -> tuple[int, int]:
@@ -171,26 +107,32 @@ def tail_pages_bounds(seq_len: int, tail_len: int, page_size: int) -> tuple[int,
     return packed, max(packed, aligned)
 
 
+# Layouts a correct allocator makes. The model never calls them (it checks layouts by
+# their properties, above); its own tests and benchmark use them to play a correct
+# allocator against it, where the model is what checks them. No contracts here.
+
+
+def extend_layout(
+    prefix_len: int, seq_len: int, last_loc: int, pages: list[int], page_size: int
+) -> list[int]:
+    """Slots for positions prefix_len..seq_len-1: continue last_loc's page, then `pages`."""
+    k = continued_count(prefix_len, seq_len, page_size)
+    out = [last_loc + 1 + i for i in range(k)]
+    for pos in range(prefix_len + k, seq_len):
+        out.append(pages[(pos - prefix_len - k) // page_size] * page_size + pos % page_size)
+    return out
+
+
+def decode_layout(seq_len: int, last_loc: int, page: int, page_size: int) -> int:
+    """The slot of decode position seq_len-1: last_loc+1 inside the page, else the first
+    slot of `page` (ignored when no page opens)."""
+    if (seq_len - 1) % page_size:
+        return last_loc + 1
+    return page * page_size
+
+
 def tail_layout(extend_len: int, tail_len: int, pages: list[int], page_size: int, aligned: bool) -> list[int]:
     """SWA slots of the last tail_len positions of an extend from position 0: packed from
-    offset 0 of the first page, or (aligned) at the full side's in-page offsets.
-
-    pre: 0 <= tail_len <= extend_len
-    pre: page_size >= 1
-    pre: len(pages) == tail_pages_bounds(extend_len, tail_len, page_size)[1 if aligned else 0]
-    post: len(__return__) == tail_len
-    post: set(s // page_size for s in __return__) == set(pages)
-    post: all(b == a + 1 for a, b in zip(__return__, __return__[1:]) if (a + 1) % page_size)
-    post: all(s % page_size == (extend_len - tail_len + i if aligned else i) % page_size for i, s in enumerate(__return__))
-    """
+    offset 0 of the first page, or (aligned) at the full side's in-page offsets."""
     off = (extend_len - tail_len) % page_size if aligned else 0
     return [pages[(off + j) // page_size] * page_size + (off + j) % page_size for j in range(tail_len)]
-
-
-def conserved(free: int, owned: int, capacity: int) -> bool:
-    """Slot conservation: every page of a pool is free or owned, never both.
-
-    pre: free >= 0 and owned >= 0
-    post: __return__ == (free + owned == capacity)
-    """
-    return free + owned == capacity

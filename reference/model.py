@@ -30,11 +30,18 @@ class Violation:
 
 @dataclass(frozen=True)
 class Contract:
-    """A broken caller contract, and the reaction the allocator owes it."""
+    """A broken caller contract, and the reaction the allocator owes it.
+
+    debug_refuses: sglang's memory-pool debug mode (SGLANG_DEBUG_MEMORY_POOL) catches
+    this break at the call, before anything changes, so with debug mode on the
+    allocator owes a refusal (an AssertionError) where `reaction` alone says it need
+    not notice, or where a guard is off.
+    """
 
     name: str
     reaction: str  # names.ERROR, names.UNNOTICED, or one of names.GUARDS
     detail: str
+    debug_refuses: bool = False
 
     def __str__(self) -> str:
         return f"contract {self.name} ({self.reaction}): {self.detail}"
@@ -167,6 +174,23 @@ class Model:
             return full_slot
         return self.peer.get(full_slot) or self.stale.get(full_slot, 0)
 
+    def page_owners(self, side: str, page: int) -> list[int]:
+        """The requests with a live slot on `page` of the "full" or "swa" pool, read-only
+        and O(page_size). An SWA slot belongs to the request of the full slot paired
+        into it; a slot no request is known for (an unpaired re-pair, a stranded peer)
+        adds nothing."""
+        ps = self.page_size
+        owners: set[int] = set()
+        for s in range(page * ps, page * ps + ps):
+            if side == "full" or self.pure:
+                r = self.full.owner.get(s)
+            else:
+                f = self.rev.get(s)
+                r = None if f is None else self.full.owner.get(f)
+            if r is not None:
+                owners.add(r)
+        return sorted(owners)
+
     # --------------------------------------------------------- classification
     def classify_alloc(self, n: int) -> Contract | None:
         if n < 0:
@@ -242,7 +266,7 @@ class Model:
             return None  # no full pool: a no-op
         dead = [s for s in slots if s not in self.full.live]
         if dead:
-            return Contract("free.double", names.UNNOTICED, f"{call} of slots {dead[:4]} not in use")
+            return Contract("free.double", names.UNNOTICED, f"{call} of slots {dead[:4]} not in use", self._debug_sees_free_page(slots))
         if len(set(slots)) != len(slots):
             return Contract("free.double", names.UNNOTICED, f"{call} names a slot twice")
         if row is not None:
@@ -258,6 +282,89 @@ class Model:
                         names.UNNOTICED,
                         f"{call} releases page {p} while {self.full.used[p] - k} other slots on it are in use",
                     )
+        return None
+
+    def _debug_sees_free_page(self, slots: list[int]) -> bool:
+        """Debug mode refuses a paged full-side release of a page that is already free
+        (or page 0) before anything changes: outside a group (inside one it checks only
+        at the group end), and where no stale peer on those pages would be released
+        first by the SWA half. Page size 1 has no debug checks, as in sglang 0.5.23."""
+        ps = self.page_size
+        if ps == 1 or self.group_open:
+            return False
+        pages = {s // ps for s in slots}
+        if not any(p == 0 or p in self.full.free for p in pages):
+            return False
+        return not any(f in self.stale for f in layout.expand_to_pages(slots, ps))
+
+    def classify_free_swa_segment(self, slots: list[int], start_pos: int, row: int | None = None) -> Contract | None:
+        """free_swa_segment(slots, start_pos) (sglang 0.5.23): one representative per
+        page, slots[::page_size]; each one's SWA peer page is released whole and its full
+        page unpaired. Legal when the start is aligned, every representative has a peer,
+        and each full page and its representative's SWA page are paired in step (the
+        full page's peers lie on that SWA page, which pairs with no other full page)."""
+        ps = self.page_size
+        if start_pos % ps:
+            return Contract("segment.unaligned", names.ERROR, f"start_pos {start_pos} not a multiple of {ps}")
+        if not slots or self.ring:
+            return None  # ring mode: a no-op, the SWA side is not paged
+        if self.pure or ps == 1:
+            return self.classify_free("free_swa", slots, None, row)
+        dead = [s for s in slots if s not in self.full.live]
+        if dead:
+            return Contract("free.double", names.UNNOTICED, f"free_swa_segment of slots {dead[:4]} not in use")
+        expanded = layout.expand_to_pages(slots, ps)
+        if any(f in self.stale for f in expanded):
+            return Contract("swa_segment.stale", names.UNNOTICED, "a page of the segment keeps a stale peer")
+        reps = slots[::ps]
+        unpaired = [f for f in reps if f not in self.peer]
+        if unpaired:
+            return Contract(
+                "swa_segment.unpaired_rep", names.PEER_MAPPED,
+                f"free_swa_segment: page representatives {unpaired[:4]} have no SWA peer", True,
+            )
+        rep_pages = sorted(self.peer[f] // ps for f in reps)
+        mapped = sorted({self.peer[f] // ps for f in expanded if f in self.peer})
+        if rep_pages != mapped:
+            return Contract(
+                "swa_segment.not_in_step", names.UNNOTICED,
+                f"free_swa_segment: representatives' SWA pages {rep_pages[:4]}, the full pages map into {mapped[:4]}", True,
+            )
+        paired_here = Counter(self.peer[f] // ps for f in expanded if f in self.peer)
+        shared = [p for p, k in paired_here.items() if self.swa.used[p] != k]
+        if shared:
+            return Contract("swa_segment.shared_page", names.UNNOTICED, f"SWA pages {shared[:4]} also pair with full pages outside the segment")
+        return None
+
+    def classify_free_page_ids(self, pages: list[int], slots: list[int], row: int | None = None) -> Contract | None:
+        """free_page_ids(pages) on the full pool (the only pool when pure): exactly these
+        pages, none twice, never page 0, none free. Legal when `slots` (the caller's live
+        slots on them) are every live slot on those pages, and none has an SWA peer:
+        the call does not look at the mapping."""
+        ps = self.page_size
+        debug = ps > 1 and not self.group_open  # page size 1 (pure included) has no checks
+        if len(set(pages)) != len(pages):
+            return Contract("page_ids.twice", names.UNNOTICED, f"free_page_ids names a page twice: {pages[:6]}", debug)
+        if 0 in pages:
+            return Contract("page_ids.padding", names.UNNOTICED, "free_page_ids names page 0, the padding page", debug)
+        free = [p for p in pages if p in self.full.free or not 1 <= p <= self.full.num_pages]
+        if free:
+            return Contract("page_ids.double", names.UNNOTICED, f"free_page_ids of pages {free[:4]} not in use", debug)
+        dead = [s for s in slots if s not in self.full.live or s // ps not in pages]
+        if dead or len(set(slots)) != len(slots):
+            return Contract("free.double", names.UNNOTICED, f"free_page_ids: slots {dead[:4]} not in use or named twice")
+        if row is not None:
+            foreign = [s for s in slots if self.full.owner.get(s, row) != row]
+            if foreign:
+                return Contract("free.foreign", names.UNNOTICED, f"free_page_ids over slots {foreign[:4]} another request owns")
+        on_page = Counter(s // ps for s in slots)
+        busy = [p for p in pages if self.full.used[p] != on_page[p]]
+        if busy:
+            return Contract("free.partial_page", names.UNNOTICED, f"free_page_ids releases pages {busy[:4]} whose other slots are in use")
+        if not self.pure:
+            paired = [s for s in slots if self.peer_of(s)]
+            if paired:
+                return Contract("page_ids.paired", names.UNNOTICED, f"free_page_ids of slots {paired[:4]} that still have SWA peers")
         return None
 
     def classify_segments(self, segments: list[tuple[list[int], int]], row: int | None = None) -> Contract | None:
@@ -360,6 +467,11 @@ class Model:
                 if not self.swa.used[s // self.page_size]:
                     self.leaked.add(s // self.page_size)
 
+    def transfer(self, full_slots: list[int], owner: int) -> None:
+        """These live full slots now belong to `owner` (a cached entry handed to a request)."""
+        for f in full_slots:
+            self.full.owner[f] = owner
+
     def strand(self, slots: list[int]) -> None:
         """A free_full of paired slots that the allocator accepted (guard off or counting):
         the full slots go, their mapping entries and SWA peers stay behind."""
@@ -381,13 +493,13 @@ class Model:
         """True when the result is None (checked); records a capacity mismatch."""
         if result is None:
             if not short:
-                out.append(Violation(names.CAPACITY, f"{call} returned None with enough free pages ({self._free_desc()})"))
+                out.append(Violation(names.CAPACITY, f"{call} returned None with enough free pages ({self.free_desc()})"))
             return True
         if short:
-            out.append(Violation(names.CAPACITY, f"{call} returned slots although a pool is short ({self._free_desc()})"))
+            out.append(Violation(names.CAPACITY, f"{call} returned slots although a pool is short ({self.free_desc()})"))
         return False
 
-    def _free_desc(self) -> str:
+    def free_desc(self) -> str:
         if self.pure:
             return f"free {len(self.full.free)}"
         return f"full free {len(self.full.free)} pages, SWA free {len(self.swa.free)} pages"
@@ -645,7 +757,9 @@ class Model:
         self._release(self.full, [p for p in pages if self.full.used[p] == 0], self.held_full)
 
     def free(self, call: str, slots: list[int]) -> list[Violation]:
-        """Adopt a legal free, free_swa, free_full, free_segment or free_full_segment."""
+        """Adopt a legal free, free_swa, free_swa_segment, free_full, free_segment or
+        free_full_segment. A legal free_swa_segment releases what free_swa would: its
+        representatives' SWA pages are the pages its full pages empty."""
         if not slots:
             return []
         if self.pure:
@@ -653,12 +767,24 @@ class Model:
                 return []
             self._free_full_slots(slots)
             return []
-        if call in ("free", "free_swa", "free_segment"):
+        if call in ("free", "free_swa", "free_swa_segment", "free_segment"):
             emptied = self._unpair_pages(slots)
             if not self.ring:
                 self._release(self.swa, emptied, self.held_swa)
-        if call != "free_swa":
+        if call not in ("free_swa", "free_swa_segment"):
             self._free_full_slots(slots)
+        return []
+
+    def free_page_ids(self, slots: list[int]) -> list[Violation]:
+        """Adopt a legal free_page_ids on the full sub-allocator: `slots`, every live
+        slot on the freed pages. The hybrid's group is also its full sub-allocator's;
+        the pure SWA allocator's group is its own, so the sub-allocator frees at once."""
+        if self.pure and self.group_open:
+            for s in slots:
+                self.full.drop_live(s)
+            self.full.free.update(s // self.page_size for s in slots)
+            return []
+        self._free_full_slots(slots)
         return []
 
     def group_begin(self) -> list[Violation]:

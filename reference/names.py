@@ -13,6 +13,8 @@ LAYOUT = "alloc.layout"
 ATOMIC = "alloc.atomic"
 GROUP_DEFERRED = "group.deferred"
 KV_INTEGRITY = "kv.integrity"
+KV_RESOLVE = "kv.resolve"
+DTYPE = "alloc.dtype"
 
 INVARIANTS = (
     PEER_MAPPED,
@@ -27,6 +29,8 @@ INVARIANTS = (
     ATOMIC,
     GROUP_DEFERRED,
     KV_INTEGRITY,
+    KV_RESOLVE,
+    DTYPE,
 )
 
 # SPEC 3.2: how the allocator must react to a broken contract.

@@ -82,11 +82,35 @@ def test_malformed_trace_exits_2_naming_file_step_and_field(tmp_path):
     assert f"{bad}: step 1: field 'rid': must be an integer" in last_line(r.stderr)
 
 
+def test_bad_config_value_in_a_trace_exits_2_naming_the_field(tmp_path):
+    """size 0 is bad input, not a target crash (exit 1)."""
+    data = json.loads(good_trace(tmp_path).read_text())
+    data["config"]["size"] = 0
+    bad = tmp_path / "size0.json"
+    bad.write_text(json.dumps(data))
+    r = fuzz("replay", bad, "--target", "impl")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"{bad}: field 'config.size': must be an integer >= 1, got 0" in last_line(r.stderr)
+
+
+# --------------------------------------------------------------------- exit 3
+def test_a_harness_bug_is_a_harness_error_not_a_crash(dirs, tmp_path):
+    r = fuzz("run", "--target", "tests.harness_fault:make", "--examples", "2", "--seed", "1", *dirs)
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "HARNESS ERROR in worker 0" in r.stderr and "TypeError" in r.stderr
+    assert "Traceback" in r.stderr and "reference/model.py" in r.stderr
+    assert "FAILURE" not in r.stdout and "harness errors 1" in r.stdout
+    assert not list((tmp_path / "corpus").glob("*.json")), "a harness error is never saved as a trace"
+    replayed = fuzz("replay", good_trace(tmp_path), "--target", "tests.harness_fault:make")
+    assert replayed.returncode == 3 and "HARNESS ERROR" in replayed.stdout, replayed.stdout + replayed.stderr
+
+
 # --------------------------------------------------------------- exit 0 / 1
 def test_clean_campaign_exits_0_with_summary(dirs):
     r = fuzz("run", "--examples", "4", "--seed", "3", *dirs)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "summary:" in r.stdout and "failures 0" in r.stdout
+    assert "summary:" in r.stdout and "failures 0" in r.stdout and "harness errors 0" in r.stdout
+    assert "steps compared with the model (" in r.stdout
     assert "labels reached" in r.stdout
     assert " steps (" in r.stderr  # the progress line
 
@@ -103,7 +127,8 @@ def test_replay_ok_and_mismatch(tmp_path):
 
 
 def test_campaign_against_a_variant_fails_and_replay_reproduces(tmp_path, dirs):
-    r = fuzz("run", "--target", "free_full_unguarded", "--seconds", "8", "--seed", "1", *dirs)
+    # The found failure is shrunk, which hypothesis bounds at five minutes.
+    r = fuzz("run", "--target", "free_full_unguarded", "--seconds", "8", "--seed", "1", *dirs, timeout=420)
     assert r.returncode == 1, r.stdout + r.stderr
     saved = [line.split("saved: ", 1)[1] for line in r.stdout.splitlines() if "saved: " in line]
     assert len(saved) == 1

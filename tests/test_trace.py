@@ -10,7 +10,8 @@ from fuzz.trace import Trace, TraceError
 from properties.steps import Admit, Decode, Evict, Finish, GroupBegin, GroupEnd
 
 CONFIG = {"kind": "hybrid", "size": 16, "size_swa": 16, "page_size": 4, "device": "cpu",
-          "need_sort": False, "ring_size": None, "req_slots": None, "check_level": "strict"}
+          "need_sort": False, "ring_size": None, "req_slots": None, "check_level": "strict",
+          "backend": "auto", "layout": "torch", "debug_memory_pool": False}
 STEPS = [Admit(((0, 5), (1, 3))), Decode((0, 1)), GroupBegin(), Evict(0, 0, 4), GroupEnd(), Finish(0, "split"), Finish(1, "free")]
 
 
@@ -32,6 +33,19 @@ def test_round_trip(tmp_path):
     data = json.loads(p.read_text())
     assert data["format"] == "swa-lockstep-trace" and data["version"] == 1
     assert data["steps"][0] == {"op": "admit", "reqs": [[0, 5], [1, 3]]}
+
+
+def test_every_config_key_round_trips(tmp_path):
+    """Each key of the schema, set away from its default, is written and read back."""
+    from impl.config import DEFAULTS, KEYS
+
+    config = {"kind": "pure_swa", "size": 24, "size_swa": 20, "page_size": 2, "device": "cuda:1",
+              "need_sort": True, "ring_size": 3, "req_slots": 2, "check_level": "warn",
+              "backend": "npu_emulated", "layout": "triton", "debug_memory_pool": True}
+    assert set(config) == set(KEYS)
+    assert all(config[k] != v for k, v in DEFAULTS.items()), "every key away from its default"
+    back = trace_mod.load(trace_mod.dump(make(config=config), tmp_path / "t.json"))
+    assert back.config == config
 
 
 def test_replays_on_impl_and_device_of_replay_wins():
@@ -61,6 +75,14 @@ def test_expected_on_own_target_and_others():
         (lambda d: d["steps"][5].update(how="later"), 5, "how"),
         (lambda d: d["steps"][2].update(extra=1), 2, "extra"),
         (lambda d: d["config"].update(page_size=0), None, "config.page_size"),
+        (lambda d: d["config"].update(size=0), None, "config.size"),
+        (lambda d: d["config"].update(size_swa=-4), None, "config.size_swa"),
+        (lambda d: d["config"].update(backend="tpu"), None, "config.backend"),
+        (lambda d: d["config"].update(layout="cutlass"), None, "config.layout"),
+        (lambda d: d["config"].update(debug_memory_pool="yes"), None, "config.debug_memory_pool"),
+        (lambda d: d["config"].update(ring_size=2), None, "config.req_slots"),
+        (lambda d: d["config"].update(device="my gpu"), None, "config.device"),
+        (lambda d: d["config"].pop("kind"), None, "config.kind"),
         (lambda d: d["config"].update(colour="red"), None, "config.colour"),
         (lambda d: d.update(expect="pool.everything"), None, "expect"),
         (lambda d: d.update(steps={}), None, "steps"),

@@ -344,3 +344,12 @@ def test_every_allocator_reports_invariant_hits():
         a.free_full(full)
     sub = TokenToKVPoolAllocator(4, torch.int64, "cpu", None, False)
     assert sub.invariant_hits()["swa.peer_released"] == a.invariant_hits()["swa.peer_released"] == 1
+
+
+def test_factory_layout_key():
+    from impl import make_allocator
+
+    with pytest.raises(ValueError, match=r"config key 'layout': must be one of 'torch', 'triton', got 'cuda'"):
+        make_allocator({"kind": "hybrid", "size": 16, "page_size": 4, "layout": "cuda"})
+    a = make_allocator({"kind": "hybrid", "size": 16, "page_size": 4})
+    assert a.layout == "torch" and a.full_attn_allocator.layout == "torch"

@@ -63,14 +63,21 @@ def test_token_slot_zero_is_never_handed_out():
     assert 0 not in a.alloc(5).tolist()
 
 
-def test_free_stages_and_available_counts_staged():
+def test_free_is_visible_where_sglang_keeps_it_and_available_counts_it():
+    # need_sort=False: sglang frees straight into free_pages.
     a = token(6)
     x = a.alloc(4)
     a.free(x[:2])
     assert a.available_size() == 4
-    assert len(a.free_pages) == 2 and a.release_pages.tolist() == [1, 2]
-    # The next alloc that runs short merges the staging area in.
+    assert a.free_pages.tolist() == [5, 6, 1, 2] and a.release_pages.tolist() == []
     assert a.alloc(3).tolist() == [5, 6, 1]
+    # need_sort=True: freed slots wait in release_pages until an alloc runs short.
+    a = token(6, need_sort=True)
+    x = a.alloc(4)
+    a.free(x[:2])
+    assert a.available_size() == 4
+    assert a.free_pages.tolist() == [5, 6] and a.release_pages.tolist() == [1, 2]
+    assert a.alloc(3).tolist() == [1, 2, 5]
 
 
 def test_free_keeps_a_private_copy():

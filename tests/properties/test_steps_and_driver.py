@@ -4,8 +4,9 @@ import pytest
 
 from properties.lockstep import Lockstep, LockstepFailure, check_config, replay
 from properties.steps import (
-    STEP_TYPES, Admit, AdmitTail, Break, Clear, Decode, DropTail, Evict, Extend, Finish,
-    GroupBegin, GroupEnd, MergeSort, Repair, Resize, StepFormatError, step_from_json,
+    NEW, STEP_TYPES, Admit, AdmitTail, Break, CacheFree, Clear, Decode, DropTail, Empty, Evict, EvictSegment,
+    Extend, Finish, FreePages, GroupBegin, GroupEnd, MergeSort, Prefill, Repair, Resize, Resume, Retract,
+    StepFormatError, step_from_json,
 )
 from properties.targets import TargetError, resolve
 from properties import steps as steps_module
@@ -14,6 +15,9 @@ EXAMPLES = [
     Admit(((0, 5), (1, 3))), AdmitTail(2, 7, 3), Extend(((0, 2),)), Decode((0, 1)),
     Evict(0, 0, 4), Repair(0, 0, 4, 1), Finish(0, "split"), DropTail(1, 2), GroupBegin(),
     GroupEnd(), MergeSort(), Clear(), Resize(8, 8), Break("double_free"), Break("partial_page", 3),
+    Prefill(((3, NEW, 0, 9), (0, 0, 5, 2), (4, 7, 4, 1))), Retract((0, 1)), Resume((1, 0)),
+    CacheFree("free_swa", ((7, 0, 4), (8, 2, 3))), CacheFree("free", ((7, 0, 4), (8, 2, 3)), True), Empty("free_segment"),
+    EvictSegment(0, 4, 9), FreePages(1, 0), Break("page_ids_twice", 1),
 ]
 
 
@@ -38,6 +42,11 @@ def test_step_json_round_trip_and_repr_is_python(step):
         ({"op": "finish", "rid": 0, "how": "gently"}, "how"),
         ({"op": "break", "kind": "everything"}, "kind"),
         ({"op": "clear", "extra": 1}, "extra"),
+        ({"op": "prefill", "batch": [[0, -1, 0]]}, "batch"),
+        ({"op": "cache_free", "call": "free_segment", "pieces": [[0, 0, 1]]}, "call"),
+        ({"op": "cache_free", "call": "free", "pieces": [[0, 0, True]]}, "pieces"),
+        ({"op": "empty", "call": "resize"}, "call"),
+        ({"op": "cache_free", "call": "free", "pieces": [[0, 0, 1]], "interleave": 1}, "interleave"),
         ([1, 2], "op"),
     ],
 )
@@ -80,29 +89,32 @@ def run(level, *steps, page_size=1, **extra):
 def test_legal_workload_passes_at_every_level(level):
     ls = run(level, Admit(((0, 4), (1, 2))), Decode((0, 1)), Evict(0, 0, 2), Repair(0, 0, 2, 0),
              Evict(0, 0, 3), Finish(0, "split"), GroupBegin(), Finish(1, "free"), GroupEnd())
-    assert not ls.tainted and not ls.rows
+    assert not ls.rows
+    assert ls.counters() == {"steps_run": 9, "steps_compared": 9, "runs_restarted": 0}
 
 
 def test_guard_peer_mapped_raises_at_strict_and_warn_and_is_silent_at_off():
     for level in ("strict", "warn"):
         ls = run(level, Admit(((0, 3),)), Evict(0, 0, 1), Break("free_unpaired", 0))
-        assert not ls.tainted and ls.labels["contract refused: free.unpaired"] == 1
+        assert ls.labels["contract refused: free.unpaired"] == 1 and ls.runs_restarted == 0
     ls = run("off", Admit(((0, 3),)), Evict(0, 0, 1), Break("free_unpaired", 0))
-    assert ls.tainted and "accepted at level off" in ls.tainted
+    assert ls.labels["guard silent: swa.peer_mapped"] == 1
+    assert ls.runs_restarted == 1 and "accepted at level off" in ls.restarted_because
 
 
 def test_guard_peer_released_raises_at_strict_counts_at_warn_silent_at_off():
     ls = run("strict", Admit(((0, 3),)), Break("free_full_paired", 0))
     assert ls.labels["contract refused: free_full.paired"] == 1 and 0 in ls.rows
     ls = run("warn", Admit(((0, 3),)), Break("free_full_paired", 0), Admit(((1, 10),)), Finish(1, "free"))
-    assert ls.labels["guard count: swa.peer_released"] == 1 and not ls.tainted
+    assert ls.labels["guard count: swa.peer_released"] == 1
+    assert ls.counters() == {"steps_run": 4, "steps_compared": 4, "runs_restarted": 0}
     ls = run("off", Admit(((0, 3),)), Break("free_full_paired", 0))
-    assert ls.labels["guard silent: swa.peer_released"] == 1 and not ls.tainted
+    assert ls.labels["guard silent: swa.peer_released"] == 1 and ls.runs_restarted == 0
 
 
 def test_unnoticed_breaks_are_classified_and_not_sent():
     ls = run("strict", Admit(((0, 2),)), Finish(0, "split"), Break("double_free"), page_size=4)
-    assert ls.labels["contract broken: free.double"] == 1
+    assert ls.labels["contract break not sent: double_free (free.double)"] == 1
 
 
 def test_a_step_naming_a_dead_request_is_a_format_error():

@@ -1,0 +1,172 @@
+"""Mutation score of the lockstep property over impl/ (SPEC 4.6; a benchmark, not CI).
+
+    python bench/mutation.py [--examples N] [--files paged token ...] [--max-children K]
+                             [--every N] [--fresh] [--report-only]
+
+Runs mutmut (configured in pyproject.toml, [tool.mutmut]) with
+``tests/test_lockstep.py::test_lockstep`` as the only test, on the "mutation"
+hypothesis profile (conftest.py: ci's derandomized search, ``--examples`` examples,
+no shrinking), then reads mutmut's results and prints:
+
+- total mutants, killed, survived, no tests (a mutant in a function the lockstep never
+  calls), timeouts, suspicious (a crash of the test process), and those not run yet;
+- the score = killed / (all - shown equivalent). Survivors, no-tests, timeouts and
+  suspicious all count against it: a mutant no test reaches is not a kill, and a hang
+  the harness cannot report is a gap, not a kill;
+- every mutant that is not killed, with its status, and whether
+  bench/mutation_survivors.md classifies it (``equivalent`` with a reason, or ``gap``).
+
+The last line is one JSON object with the figures. mutmut keeps its results in
+``mutants/`` and resumes where it stopped; ``--fresh`` starts over (needed after
+changing ``--examples``, which mutmut does not see). The run is slow: 4.2 mutants a
+minute at 100 examples on a shared 2-core machine (about 5 hours for all four files);
+``--files`` and ``--every N`` (a sample) make it shorter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FILES = ("swa", "paged", "token", "kv_pool")
+SURVIVORS_MD = ROOT / "bench" / "mutation_survivors.md"
+
+# mutmut 3's exit-code meanings (mutmut.stats.status_by_exit_code), folded into the
+# categories this report counts.
+_STATUS = {
+    1: "killed", 3: "killed",
+    0: "survived",
+    5: "no tests", 33: "no tests",
+    36: "timeout", -24: "timeout", 24: "timeout", 152: "timeout", 255: "timeout",
+    None: "not run",
+}
+_ENTRY = re.compile(r"^[-*]\s+`(?P<name>impl\.[^`]+)`\s*(?:\([^)]*\))?\s*:\s*(?P<kind>equivalent|gap)\b", re.I)
+
+
+def status_of(code) -> str:
+    return _STATUS.get(code, "suspicious")
+
+
+def classified() -> dict[str, str]:
+    """mutant name -> 'equivalent' | 'gap', from bench/mutation_survivors.md."""
+    out: dict[str, str] = {}
+    if SURVIVORS_MD.exists():
+        for line in SURVIVORS_MD.read_text().splitlines():
+            m = _ENTRY.match(line.strip())
+            if m:
+                out[m.group("name")] = m.group("kind").lower()
+    return out
+
+
+def load_results(files) -> dict[str, object]:
+    """mutant name -> mutmut exit code (None: not run yet), for the chosen files."""
+    results: dict[str, object] = {}
+    for f in files:
+        meta = ROOT / "mutants" / "impl" / f"{f}.py.meta"
+        if meta.exists():
+            results.update(json.loads(meta.read_text())["exit_code_by_key"])
+    return results
+
+
+def _order(name: str):
+    stem, _, n = name.rpartition("__mutmut_")
+    return stem, int(n) if n.isdigit() else 0
+
+
+def run_mutmut(files, examples: int, max_children: int, every: int) -> float:
+    env = dict(os.environ, SWA_LOCKSTEP_MUTATION_EXAMPLES=str(examples), OMP_NUM_THREADS="1")
+    mutmut = [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)]
+    done = load_results(files)
+    if all((ROOT / "mutants" / "impl" / f"{f}.py.meta").exists() for f in files):
+        # mutmut reruns every mutant a name selects, so resume by naming those not run.
+        todo = [n for n in sorted(done, key=_order)[::every] if done[n] is None]
+        if not todo:
+            return 0.0
+        mutmut += todo
+    elif set(files) != set(FILES) or every > 1:
+        if every > 1:
+            raise SystemExit("--every needs the mutants generated: run once without it first")
+        mutmut += [f"impl.{f}.*" for f in files]
+    t0 = time.monotonic()
+    subprocess.run(["nice", "-n", "10", *mutmut], cwd=ROOT, env=env, check=False)
+    return time.monotonic() - t0
+
+
+def report(files, examples: int, wall_s: float | None) -> dict:
+    results = load_results(files)
+    if not results:
+        raise SystemExit("no mutmut results under mutants/; run without --report-only first")
+    status = {name: status_of(code) for name, code in results.items()}
+    counts = Counter(status.values())
+    marks = classified()
+    not_killed = sorted(n for n, s in status.items() if s not in ("killed", "not run"))
+    equivalent = [n for n in not_killed if marks.get(n) == "equivalent"]
+    run = len(results) - counts["not run"]
+    denominator = run - len(equivalent)
+    score = counts["killed"] / denominator if denominator else 0.0
+
+    print(f"mutation score over impl/{{{','.join(files)}}}.py, lockstep test, {examples} examples per mutant")
+    for key in ("killed", "survived", "no tests", "timeout", "suspicious", "not run"):
+        print(f"  {key:<11} {counts[key]}")
+    print(f"  {'total':<11} {len(results)} (run: {run})")
+    print(f"  equivalent  {len(equivalent)} (bench/mutation_survivors.md)")
+    print(f"  score       {counts['killed']} / ({run} - {len(equivalent)}) = {100 * score:.1f} %")
+    if wall_s is not None:
+        print(f"  wall        {wall_s:.0f} s")
+    print("not killed (status, classification):")
+    for n in not_killed:
+        print(f"  {n}  {status[n]}  {marks.get(n, 'UNCLASSIFIED')}")
+    by_file = {
+        f: dict(Counter(s for n, s in status.items() if n.startswith(f"impl.{f}."))) for f in files
+    }
+    return {
+        "bench": "mutation",
+        "examples": examples,
+        "files": list(files),
+        "total": len(results),
+        "run": run,
+        "killed": counts["killed"],
+        "survived": counts["survived"],
+        "no_tests": counts["no tests"],
+        "timeout": counts["timeout"],
+        "suspicious": counts["suspicious"],
+        "not_run": counts["not run"],
+        "equivalent": len(equivalent),
+        "unclassified": sum(1 for n in not_killed if n not in marks),
+        "score": round(score, 4),
+        "wall_s": None if wall_s is None else round(wall_s, 1),
+        "by_file": by_file,
+    }
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--examples", type=int, default=100, help="hypothesis examples per mutant (default 100)")
+    p.add_argument("--files", nargs="+", choices=FILES, default=list(FILES), help="which impl/ modules (default all four)")
+    p.add_argument("--max-children", type=int, default=2, help="mutants run at once (default 2)")
+    p.add_argument("--every", type=int, default=1, help="run every N-th mutant only, a sample (default 1: all)")
+    p.add_argument("--fresh", action="store_true", help="delete mutants/ (mutmut's results) first")
+    p.add_argument("--report-only", action="store_true", help="only read the results of earlier runs")
+    args = p.parse_args(argv)
+    if min(args.examples, args.max_children, args.every) < 1:
+        p.error("--examples, --max-children and --every must be >= 1")
+    wall = None
+    if not args.report_only:
+        if args.fresh:
+            shutil.rmtree(ROOT / "mutants", ignore_errors=True)
+        wall = run_mutmut(args.files, args.examples, args.max_children, args.every)
+    print(json.dumps(report(args.files, args.examples, wall)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""The driver's runs: a call the model cannot follow ends its run after a census and a
+fresh pair goes on, compared; harness errors apart from target crashes; observers;
+the differential driver's explicit attributes."""
+
+import pytest
+
+from impl import make_allocator
+from impl.swa import SWATokenToKVPoolAllocator
+from properties.differential import Differential
+from properties.lockstep import HarnessError, Lockstep, LockstepFailure, Observer, TargetCrash, observing, replay
+from properties.steps import Admit, Break, Decode, Evict, Finish
+from properties.targets import resolve
+
+BASE = {"kind": "hybrid", "size": 32, "size_swa": 32, "page_size": 1}
+# swa.peer_mapped accepted at off: the model cannot follow, so the run ends there.
+UNCHECKED = [Admit(((0, 3),)), Evict(0, 0, 1), Break("free_unpaired", 0)]
+
+
+def test_steps_after_an_unchecked_call_are_compared():
+    ls = replay({**BASE, "check_level": "off"}, UNCHECKED + [Admit(((1, 4),)), Decode((1,)), Finish(1, "free")], resolve("impl"))
+    assert ls.counters() == {"steps_run": 6, "steps_compared": 5, "runs_restarted": 1}
+    assert ls.labels["run restarted after an unchecked call"] == 1 and not ls.rows
+
+
+def test_a_fault_after_the_restart_is_found():
+    """The second pair is a variant that miscounts its pages: only a driver that goes
+    on comparing after the unchecked call can see it."""
+    built = []
+
+    def target(config):
+        a = make_allocator(config)
+        built.append(a)
+        if len(built) == 2:
+            a.__class__ = _MiscountsAfterAlloc
+        return a
+
+    with pytest.raises(LockstepFailure) as info:
+        replay({**BASE, "check_level": "off"}, UNCHECKED + [Admit(((1, 4),))], target)
+    assert len(built) == 2 and info.value.index == 3 and info.value.invariant == "pool.capacity", str(info.value)
+
+
+class _MiscountsAfterAlloc(SWATokenToKVPoolAllocator):
+    """Reports one slot too many once it has handed any out."""
+
+    handed = False
+
+    def alloc(self, need_size):
+        self.handed = True
+        return super().alloc(need_size)
+
+    def available_size(self):
+        return super().available_size() + self.handed
+
+
+class _RaisesOnRead:
+    """A target whose available_size() raises: a crash of the target, read by the driver."""
+
+    def __init__(self, inner):
+        self.__dict__["_inner"] = inner
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def available_size(self):
+        raise RuntimeError("device lost")
+
+
+def test_a_target_raising_while_observed_is_a_target_crash():
+    with pytest.raises(TargetCrash) as info:
+        Lockstep({**BASE}, lambda c: _RaisesOnRead(make_allocator(c)))
+    assert isinstance(info.value.original, RuntimeError) and "device lost" in str(info.value)
+
+
+def test_the_harness_raising_is_a_harness_error_with_its_traceback():
+    ls = Lockstep({**BASE}, resolve("impl"))
+    ls.model.peer = None  # a model in a state no code of its own makes: its next read fails
+    with pytest.raises(HarnessError) as info:
+        ls.run(Admit(((0, 3),)))
+    assert "reference/model.py" in info.value.traceback and "step 0" in str(info.value)
+
+
+def test_observers_see_every_driver_and_step():
+    seen = []
+
+    class Record(Observer):
+        def started(self, ls):
+            seen.append("started")
+
+        def before_step(self, ls, step):
+            seen.append(("before", step.op))
+
+        def after_step(self, ls, step):
+            seen.append(("after", step.op, ls.counters()["steps_run"]))
+
+    with observing(Record()):
+        replay({**BASE, "check_level": "off"}, UNCHECKED, resolve("impl"))
+    replay({**BASE}, [Admit(((0, 1),))], resolve("impl"))  # not observed any more
+    assert seen == ["started", ("before", "admit"), ("after", "admit", 1), ("before", "evict"), ("after", "evict", 2),
+                    ("before", "break"), ("after", "break", 3)]
+
+
+def test_differential_exposes_side_a_read_only_and_closes_both():
+    d = Differential({**BASE}, resolve("impl"), resolve("impl"), {"backend": "cpu"}, {"backend": "npu_emulated"})
+    d.run(Admit(((0, 3),)))
+    assert d.rows is d.a.rows and d.index == 0
+    with pytest.raises(AttributeError):
+        d.index = 5  # read-only: the machine cannot shadow a side's state
+    d.close()
+    assert d.a.index == d.b.index == 1
+    assert not hasattr(Differential, "__getattr__")

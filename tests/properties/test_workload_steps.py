@@ -1,0 +1,163 @@
+"""The scheduler-shaped steps (prefill batches with cache hits, retract and resume,
+cache evictions, empty calls) on the bundled impl, and faults in them that the
+driver must name.
+
+Each scenario replays a fixed list of steps; the label counts must be exactly those
+given, so a label counted for another event fails the test, and each step must leave
+the model and the impl agreeing (replay runs the closing census).
+"""
+
+import pytest
+import torch
+
+from impl import make_allocator
+from impl.kv_pool import SWAKVPool
+from impl.swa import SWATokenToKVPoolAllocator
+from properties.lockstep import LockstepFailure, replay
+from properties.steps import (
+    NEW, CacheFree, Decode, Empty, Evict, Finish, Prefill, Resume, Retract, StepFormatError,
+)
+from properties.targets import resolve
+from reference import names
+
+
+def hybrid(ps, **kw):
+    return {"kind": "hybrid", "size": 64 * ps, "size_swa": 32 * ps, "page_size": ps, "check_level": "strict", **kw}
+
+
+SCENARIOS = {
+    "mixed prefill, cache hit, take-over": (hybrid(4), [
+        Prefill(((0, NEW, 0, 8), (1, NEW, 0, 6))),  # 0 ends on a page boundary, 1 inside one
+        Finish(0, "cache"),  # all 8 positions kept
+        Finish(1, "cache"),  # 6 positions, the last still paired in step: kept whole
+        Prefill(((2, 0, 4, 3), (3, NEW, 0, 5), (4, 1, 6, 2))),  # a shared hit, a new one, a take-over
+    ], {
+        "finished into the cache": 2,
+        "prefill: new request": 3,
+        "prefill: cache hit": 2,
+        "prefill: new and continuing requests in one batch": 0,
+        "prefill: cached entry taken over mid-page": 1,
+        "extend from a prefix inside a page": 1,  # the take-over continues page 1's last page
+    }),
+    "continuations mixed with new requests": (hybrid(1), [
+        Prefill(((0, NEW, 0, 3),)),
+        Prefill(((1, NEW, 0, 2), (0, 0, 3, 4))),
+        Decode((1, 0)),
+    ], {
+        "prefill: new request": 2,
+        "prefill: chunked continuation": 1,
+        "prefill: new and continuing requests in one batch": 1,
+    }),
+    "retract a batch and resume it": (hybrid(2), [
+        Prefill(((0, NEW, 0, 5), (1, NEW, 0, 4))),
+        Evict(0, 0, 2),
+        Retract((1, 0)),
+        Resume((0, 1)),
+        Decode((0, 1)),
+    ], {
+        "prefill: new request": 2,
+        "window evicted": 1,
+        "retracted": 1,
+        "retracted a batch": 1,
+        "resumed": 1,
+        "decode onto a new page": 1,  # request 1 at 4
+    }),
+    "cache evictions over several entries": (hybrid(2), [
+        Prefill(((0, NEW, 0, 4), (1, NEW, 0, 6))),
+        Finish(0, "cache"),
+        Finish(1, "cache"),
+        CacheFree("free_swa", ((1, 0, 4), (0, 2, 4))),
+        CacheFree("free_full", ((0, 2, 4),)),  # its last page has no SWA KV left
+        CacheFree("free", ((1, 4, 6), (0, 0, 2)), True),
+    ], {
+        "prefill: new request": 2,
+        "finished into the cache": 2,
+        "cache evicted by free_swa over several entries": 1,
+        "cache evicted by free_full": 1,
+        "cache evicted by free over several entries": 1,
+    }),
+    "empty calls": (hybrid(1), [Empty("free"), Empty("free_swa"), Empty("free_full"), Empty("free_segment"), Empty("alloc")], {
+        "empty call": 5,
+    }),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_scenario_labels(name):
+    config, steps, want = SCENARIOS[name]
+    ls = replay(config, steps, resolve("impl"))
+    got = {k: v for k, v in ls.labels.items() if v}
+    assert got == {k: v for k, v in want.items() if v}
+
+
+def test_retract_frees_everything_and_resume_restores_it():
+    config, steps, _ = SCENARIOS["retract a batch and resume it"]
+    ls = replay(config, steps[:3], resolve("impl"))
+    assert ls.model.full_available() == config["size"] and not ls.rows and set(ls.retracted) == {0, 1}
+    ls = replay(config, steps, resolve("impl"))
+    assert sorted(ls.rows) == [0, 1] and not ls.retracted
+
+
+class _LoadSkipsSwa(SWAKVPool):
+    """load_cpu_copy writes the full KV back but not the SWA KV."""
+
+    def load_cpu_copy(self, kv_cache_cpu, indices, mamba_indices=None, req_pool_index=None):
+        self.full_kv_pool.load_cpu_copy(kv_cache_cpu["full"], indices.to(torch.int64))
+
+
+def _load_skips_swa(config):
+    a = make_allocator(config)
+    a.get_kvcache().__class__ = _LoadSkipsSwa
+    return a
+
+
+class _StaleKVPoolMapping(SWATokenToKVPoolAllocator):
+    """clear() gives the allocator a new mapping tensor the KV pool never sees."""
+
+    def clear(self):
+        super().clear()
+        self.full_to_swa_index_mapping = self.full_to_swa_index_mapping.clone()
+
+
+def _stale_mapping(config):
+    a = make_allocator(config)
+    a.__class__ = _StaleKVPoolMapping
+    a.clear()
+    return a
+
+
+class _Int32Alloc(SWATokenToKVPoolAllocator):
+    def alloc(self, need_size):
+        out = super().alloc(need_size)
+        return None if out is None else out.to(torch.int32)
+
+
+def _int32(config):
+    a = make_allocator(config)
+    a.__class__ = _Int32Alloc
+    return a
+
+
+@pytest.mark.parametrize("target, config, steps, invariant", [
+    (_load_skips_swa, hybrid(1), [Prefill(((0, NEW, 0, 3),)), Retract((0,)), Prefill(((1, NEW, 0, 3),)), Resume((0,))], names.KV_INTEGRITY),
+    (_stale_mapping, hybrid(1), [Prefill(((0, NEW, 0, 3),))], names.KV_RESOLVE),
+    (_int32, hybrid(1), [Prefill(((0, NEW, 0, 2),))], names.DTYPE),
+])
+def test_driver_names_the_fault(target, config, steps, invariant):
+    with pytest.raises(LockstepFailure) as info:
+        replay(config, steps, target)
+    assert info.value.invariant == invariant
+
+
+@pytest.mark.parametrize("steps, field", [
+    ([Prefill(((0, NEW, 2, 3),))], "batch"),  # a new request from a prefix
+    ([Prefill(((0, NEW, 0, 3),)), Prefill(((0, NEW, 0, 1),))], "batch"),  # not new
+    ([Prefill(((0, 5, 2, 3),))], "batch"),  # no such cached entry
+    ([Prefill(((0, NEW, 0, 4),)), Finish(0, "cache"), Prefill(((1, 0, 2, 1), (2, 0, 4, 1)))], "batch"),  # an entry twice
+    ([Resume((3,))], "rids"),
+    ([Prefill(((0, NEW, 0, 4),)), Finish(0, "cache"), CacheFree("free", ((0, 0, 2),))], "pieces"),  # not the tail
+])
+def test_steps_that_cannot_apply_name_the_field(steps, field):
+    with pytest.raises(StepFormatError) as info:
+        replay(hybrid(2), steps, resolve("impl"))
+    assert info.value.field == field
