@@ -895,13 +895,51 @@ class Lockstep:
             return [("free", lo, hi)] if hi > lo else []
         return runs
 
+    def _segment_runs(self, row: _Row, lo: int, hi: int) -> list[tuple[str, int, int]]:
+        """(call, lo, hi) runs that release positions lo..hi-1 by segment the way a
+        caller of sglang 0.5.23 must, page by page: its free_segment frees the SWA half
+        through free_swa_segment, whose page representative must still have a peer
+        (SPEC 3.2), so a page whose SWA half was already released goes by
+        free_full_segment, and a page that is neither (re-paired from inside an SWA
+        page, or sharing an SWA page) by a set-shaped free. An unaligned start, a pure
+        SWA pool and a ring stay one free_segment, as the model classifies them."""
+        ps, m = self.ps, self.model
+        if self.pure or self.ring or lo % ps or hi <= lo:
+            return [("free_segment", lo, hi)] if hi > lo else []
+        runs: list[tuple[str, int, int]] = []
+        for a in range(lo, hi, ps):
+            b = min(a + ps, hi)
+            piece = row.slots[a:b]
+            if m.classify_free_swa_segment(piece, a) is None:
+                call = "free_segment"
+            elif not any(m.peer_of(s) for s in piece):
+                call = "free_full_segment"
+            else:
+                call = "free"
+            if runs and runs[-1][0] == call:
+                runs[-1] = (call, runs[-1][1], b)
+            else:
+                runs.append((call, a, b))
+        return runs
+
     def _release(self, rid: int, lo: int, hi: int, how: str) -> set[str] | None:
         """Release positions lo..hi-1 of row rid as `how` says; the calls that ran, or
         None when one did not."""
         row = self._holder(rid)
         if how == "segments" and self.ps > 1 and not self.pure:
-            segs = [(row.slots[a : min(a + self.ps, hi)], a) for a in range(lo, hi, self.ps)]
-            return {"free_segments"} if not segs or self._free_segments(rid, segs) else None
+            runs = self._segment_runs(row, lo, hi)
+            ran = set()
+            segs = [(row.slots[x : min(x + self.ps, b)], x) for call, a, b in runs if call == "free_segment" for x in range(a, b, self.ps)]
+            if segs:
+                if not self._free_segments(rid, segs):
+                    return None
+                ran.add("free_segments")
+            for call, a, b in runs:
+                if call != "free_segment":
+                    if not self._free_call(call, rid, a, b, start_pos=a if call.endswith("_segment") else None):
+                        return None
+                    ran.add(call)
+            return ran
         ran = set()
         for call, a, b in self._release_runs(row, lo, hi, how):
             if how == "full_segments" and call == "free_full" and not self.pure:
@@ -988,8 +1026,15 @@ class Lockstep:
         row = self._row(step.rid)
         if not row.shared <= step.keep < len(row.slots):
             raise StepFormatError("keep", f"keep {step.keep} outside {row.shared}..{len(row.slots) - 1}")
-        if self._free_call("free_segment", step.rid, step.keep, len(row.slots), start_pos=step.keep):
+        ran = set()
+        for call, a, b in self._segment_runs(row, step.keep, len(row.slots)):
+            if not self._free_call(call, step.rid, a, b, start_pos=a if call.endswith("_segment") else None):
+                return
+            ran.add(call)
+        if ran:
             self.labels["tail dropped"] += 1
+            if ran != {"free_segment"}:
+                self.labels["tail dropped over evicted pages: " + " and ".join(sorted(ran))] += 1
             row.overwrite(step.keep)
             row.slots = row.slots[: step.keep]
             if len(row.slots) == row.shared:  # nothing of its own left: the request is done

@@ -282,6 +282,14 @@ class Model:
                         names.UNNOTICED,
                         f"{call} releases page {p} while {self.full.used[p] - k} other slots on it are in use",
                     )
+            if call == "free_segment" and not self.pure and not self.ring and start_pos is not None:
+                # sglang 0.5.23's free_segment frees its SWA half through
+                # free_swa_segment: a page whose representative has no peer (its SWA
+                # half already released) goes by free_full_segment. The seed's and the
+                # impl's set-shaped SWA half do not notice, sglang's guard does: never sent.
+                half = self.classify_free_swa_segment(slots, start_pos, row)
+                if half is not None:
+                    return Contract("segment.swa_half", names.UNNOTICED, f"free_segment's SWA half breaks {half}")
         return None
 
     def _debug_sees_free_page(self, slots: list[int]) -> bool:

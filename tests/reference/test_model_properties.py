@@ -182,6 +182,25 @@ class ModelMachine(RuleBasedStateMachine):
     def _paired(self, f: int) -> bool:
         return f in self.m.peer
 
+    def _segment_calls(self, rid: int, lo: int, hi: int) -> list[tuple[str, int, int]]:
+        """Per page from an aligned lo: free_segment where its SWA half may go through
+        free_swa_segment (sglang 0.5.23), free_full_segment where that half is already
+        released, free where neither fits (re-paired from inside an SWA page)."""
+        row, ps, m = self.rows[rid], self.ps, self.m
+        if not self.hybrid or ps == 1:
+            return [("free_segment", lo, hi)] if hi > lo else []
+        out = []
+        for a in range(lo, hi, ps):
+            piece = row[a : min(a + ps, hi)]
+            if m.classify_free_swa_segment(piece, a) is None:
+                call = "free_segment"
+            elif not any(m.peer_of(f) for f in piece):
+                call = "free_full_segment"
+            else:
+                call = "free"
+            out.append((call, a, min(a + ps, hi)))
+        return out
+
     # ------------------------------------------------------------ rules
     @rule(lengths=st.lists(st.integers(1, 9), min_size=1, max_size=3), rng=st.randoms(use_true_random=False))
     def admit(self, lengths, rng):
@@ -320,11 +339,15 @@ class ModelMachine(RuleBasedStateMachine):
         if not self.hybrid:
             self._free("free", rid, 0, L)
         elif how == "segments" and ps > 1:
-            segs = [(row[lo : min(lo + ps, L)], lo) for lo in range(0, L, ps)]
+            calls = self._segment_calls(rid, 0, L)
+            segs = [(row[lo:hi], lo) for call, lo, hi in calls if call == "free_segment"]
             assert self.m.classify_segments(segs, rid) is None
             for idx, _ in segs:
                 self._ok(self.m.free("free_segment", idx), "free_segments")
                 self._clear_map(idx)
+            for call, lo, hi in calls:
+                if call != "free_segment":
+                    self._free(call, rid, lo, hi, start_pos=lo if call.endswith("_segment") else None)
         else:
             # A page with a paired position goes by free (SWA side first), the rest by
             # free_full; at page_size 1 that is per position.
@@ -355,7 +378,8 @@ class ModelMachine(RuleBasedStateMachine):
                 keep += 1
             if keep == len(row):
                 return
-        self._free("free_segment", rid, keep, len(row), start_pos=keep)
+        for call, lo, hi in self._segment_calls(rid, keep, len(row)):
+            self._free(call, rid, lo, hi, start_pos=lo if call.endswith("_segment") else None)
         del row[keep:]
         if not row:
             self._drop_row(rid)
