@@ -1,4 +1,4 @@
-"""A plain install (`pip install -e .`, no `test` extra) can load the root conftest:
+"""A plain install (`pip install -e .`, no `test` extra) can load the pytest plugin:
 the crosshair profile needs hypothesis-crosshair, so it is only registered where the
 backend imports."""
 
@@ -21,10 +21,10 @@ print("loaded")
 """
 
 
-def test_conftest_loads_without_the_crosshair_backend():
+def test_plugin_loads_without_the_crosshair_backend():
     # HYPOTHESIS_NO_PLUGINS: hypothesis must not load the installed plugin's entry point.
     proc = subprocess.run(
-        [sys.executable, "-c", _WITHOUT_CROSSHAIR, str(ROOT / "conftest.py")],
+        [sys.executable, "-c", _WITHOUT_CROSSHAIR, str(ROOT / "properties" / "pytest_plugin.py")],
         capture_output=True, text=True, timeout=120, cwd=ROOT, env={"HYPOTHESIS_NO_PLUGINS": "1", "PATH": "/usr/bin:/bin"},
     )
     assert proc.returncode == 0, proc.stderr
