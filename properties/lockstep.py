@@ -1273,8 +1273,19 @@ class Lockstep:
         self.labels["group ended"] += 1
         self._after_call([])
 
+    def _own_merge(self) -> bool:
+        """Whether the hybrid (or pure SWA) class has a merge_and_sort_free of its own:
+        defined by a class that also defines free_swa, not inherited from a base
+        allocator that merges a free list the hybrid does not hold (sglang 0.5.23's
+        wrappers inherit the base's, which raises TypeError on their absent
+        release_pages; its own code merges only the sub-allocators)."""
+        for cls in type(self.alloc).__mro__:
+            if "merge_and_sort_free" in vars(cls):
+                return "free_swa" in vars(cls)
+        return False
+
     def _merge_sort(self, step: MergeSort) -> None:
-        if hasattr(self.alloc, "merge_and_sort_free"):  # the target's own entry point
+        if self._own_merge():  # the target's own entry point
             self._cover("merge_and_sort_free", "hybrid" if not self.pure else "pure")
             self._invoke("merge_and_sort_free", self.alloc.merge_and_sort_free, None)
         else:  # the seed's hybrid has none: each sub-allocator's
