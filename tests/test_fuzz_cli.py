@@ -55,6 +55,10 @@ def good_trace(tmp_path, **kw) -> Path:
         (["run", "--workers", "0"], "--workers"),
         (["run", "--device", "nowhere"], "--device"),
         (["list", "--corpus", "/nonexistent/corpus"], "--corpus"),
+        (["run", "--config", "no_such_key=3"], "--config"),
+        (["run", "--config", "page_size=0"], "--config"),
+        (["run", "--config", "kind=pure_swa", "--config", "page_size=4"], "--config"),
+        (["run", "--config", "check_level=loud"], "--config"),
     ],
 )
 def test_bad_input_exits_2_with_one_line_naming_it(args, names, dirs):
@@ -113,6 +117,13 @@ def test_clean_campaign_exits_0_with_summary(dirs):
     assert "steps compared with the model (" in r.stdout
     assert "labels reached" in r.stdout
     assert " steps (" in r.stderr  # the progress line
+
+
+def test_pinned_campaign_names_its_pins(dirs):
+    r = fuzz("run", "--examples", "3", "--seed", "3", "--config", "page_size=16", "--config", "need_sort=true", *dirs)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "pinned: page_size=16, need_sort=True" in r.stdout
+    assert "failures 0" in r.stdout
 
 
 def test_replay_ok_and_mismatch(tmp_path):
