@@ -82,11 +82,14 @@ def _order(name: str):
     return stem, int(n) if n.isdigit() else 0
 
 
-def run_mutmut(files, examples: int, max_children: int, every: int) -> float:
+def run_mutmut(files, examples: int, max_children: int, every: int, names: list[str] | None = None) -> float:
     env = dict(os.environ, SWA_LOCKSTEP_MUTATION_EXAMPLES=str(examples), OMP_NUM_THREADS="1")
     mutmut = [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)]
     done = load_results(files)
-    if all((ROOT / "mutants" / "impl" / f"{f}.py.meta").exists() for f in files):
+    if names:
+        # Named mutants run again whatever their last result: the workload may have changed.
+        mutmut += names
+    elif all((ROOT / "mutants" / "impl" / f"{f}.py.meta").exists() for f in files):
         # mutmut reruns every mutant a name selects, so resume by naming those not run.
         todo = [n for n in sorted(done, key=_order)[::every] if done[n] is None]
         if not todo:
@@ -156,6 +159,10 @@ def main(argv=None) -> int:
     p.add_argument("--every", type=int, default=1, help="run every N-th mutant only, a sample (default 1: all)")
     p.add_argument("--fresh", action="store_true", help="delete mutants/ (mutmut's results) first")
     p.add_argument("--report-only", action="store_true", help="only read the results of earlier runs")
+    p.add_argument(
+        "--gaps", action="store_true",
+        help="run only the mutants bench/mutation_survivors.md marks `gap` (a survivor of an earlier run), again",
+    )
     args = p.parse_args(argv)
     if min(args.examples, args.max_children, args.every) < 1:
         p.error("--examples, --max-children and --every must be >= 1")
@@ -163,8 +170,22 @@ def main(argv=None) -> int:
     if not args.report_only:
         if args.fresh:
             shutil.rmtree(ROOT / "mutants", ignore_errors=True)
-        wall = run_mutmut(args.files, args.examples, args.max_children, args.every)
-    print(json.dumps(report(args.files, args.examples, wall)))
+        names = None
+        if args.gaps:
+            names = sorted((n for n, kind in classified().items() if kind == "gap" and n.split(".")[1] in args.files), key=_order)
+            if not names:
+                p.error(f"--gaps: bench/mutation_survivors.md marks no mutant of impl/{{{','.join(args.files)}}}.py as a gap")
+        wall = run_mutmut(args.files, args.examples, args.max_children, args.every, names)
+    out = report(args.files, args.examples, wall)
+    if args.gaps:
+        results = load_results(args.files)
+        again = {n: status_of(results.get(n)) for n in names}
+        print(f"the {len(names)} gaps of bench/mutation_survivors.md, run again: " + ", ".join(
+            f"{k} {v}" for k, v in sorted(Counter(again.values()).items())))
+        for n in names:
+            print(f"  {n}  {again[n]}")
+        out["gaps"] = dict(Counter(again.values()))
+    print(json.dumps(out))
     return 0
 
 

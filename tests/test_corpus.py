@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from fuzz import campaign, trace as trace_mod
-from fuzz.variants import AWAITING_WORKLOAD, VARIANTS
 from properties.lockstep import asserts_kill
 from properties.steps import Admit, Break, Clear
 from properties.targets import resolve
@@ -82,7 +81,7 @@ def test_upstream_entry_fails_on_sglang_and_passes_on_impl(path):
 
 def test_every_variant_has_an_entry():
     covered = {trace_mod.load(p).variant for p in FILES}
-    assert sorted(set(VARIANTS) - AWAITING_WORKLOAD - covered) == []
+    assert sorted(set(VARIANTS) - covered) == []
 
 
 def test_entries_cover_the_invariants_and_variants():
@@ -90,7 +89,7 @@ def test_entries_cover_the_invariants_and_variants():
     SPEC 7) has an entry."""
     traces = [trace_mod.load(p) for p in FILES]
     assert sorted(set(names.INVARIANTS) - {t.expect for t in traces}) == []
-    assert sorted(set(VARIANTS) - AWAITING_WORKLOAD - {t.variant for t in traces}) == []
+    assert sorted(set(VARIANTS) - {t.variant for t in traces}) == []
 
 
 # CUDA semantics, checked here on CPU: the expectation a CUDA replay is held to.

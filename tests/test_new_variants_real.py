@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fuzz.variants import AWAITING_WORKLOAD, EXPECTED, VARIANTS
+from fuzz.variants import EXPECTED, SCHEDULER_WORKLOAD, VARIANTS
 from impl import make_allocator
 
 
@@ -37,10 +37,10 @@ def both(name: str, config: dict):
     return make_allocator(dict(config)), VARIANTS[name](dict(config))
 
 
-def test_every_awaiting_variant_has_a_scenario_here():
+def test_every_scheduler_workload_variant_has_a_scenario_here():
     scenarios = {n[len("test_") :] for n in globals() if n.startswith("test_") and n[len("test_") :] in VARIANTS}
-    assert sorted(AWAITING_WORKLOAD - scenarios) == []
-    assert AWAITING_WORKLOAD <= set(EXPECTED)
+    assert sorted(SCHEDULER_WORKLOAD - scenarios) == []
+    assert SCHEDULER_WORKLOAD <= set(EXPECTED)
 
 
 # ---------------------------------------------------------------- (a) mixed prefill batches
