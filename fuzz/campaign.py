@@ -437,7 +437,9 @@ def run_campaign(
                         config = {}
                     _record(result, wid, trace_mod.CRASH, f"worker {wid} {why} (the target killed its process) during the last step of this trace",
                             config, steps, False, target, device, corpus, on_failure, about)
-            if progress is not None and now - last_progress >= 1.0:
+            # No line until a worker has started: before that there is nothing to count,
+            # and a slow import (sglang's takes seconds) printed the same empty line.
+            if progress is not None and ready and now - last_progress >= 1.0:
                 last_progress = now
                 _sum(result, stats, ready)
                 progress(result)
