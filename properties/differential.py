@@ -15,9 +15,10 @@ DIFF = "diff.state"  # the name a disagreement between the two sides is reported
 
 def _state(ls: Lockstep) -> dict:
     a = ls.alloc
-    out = {"sizes": observe.sizes(a), "mapping": observe.mapping(a), "full_free": observe.free_pages(a.full_attn_allocator)}
-    if a.swa_attn_allocator is not a.full_attn_allocator:
-        out["swa_free"] = observe.free_pages(a.swa_attn_allocator)
+    subs = observe.sub_allocators(a)
+    out = {"sizes": observe.sizes(a), "mapping": observe.mapping(a), "full_free": observe.free_pages(subs[0])}
+    if len(subs) > 1:
+        out["swa_free"] = observe.free_pages(subs[1])
     return out
 
 

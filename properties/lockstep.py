@@ -1273,26 +1273,20 @@ class Lockstep:
         self.labels["group ended"] += 1
         self._after_call([])
 
-    def _subs(self) -> list:
-        subs = [self.alloc.full_attn_allocator]
-        if self.alloc.swa_attn_allocator is not subs[0]:
-            subs.append(self.alloc.swa_attn_allocator)
-        return subs
-
     def _own_merge(self) -> bool:
         """Whether the hybrid (or pure SWA) has a merge_and_sort_free of its own, not one
         inherited from the class its sub-allocators derive from: that one merges a free
         list the hybrid does not hold (sglang 0.5.23's wrappers inherit it and raise
         TypeError on their absent release_pages; its own code merges the sub-allocators)."""
         definer = next((c for c in type(self.alloc).__mro__ if "merge_and_sort_free" in vars(c)), None)
-        return definer is not None and not any(isinstance(sub, definer) for sub in self._subs())
+        return definer is not None and not any(isinstance(sub, definer) for sub in observe.sub_allocators(self.alloc))
 
     def _merge_sort(self, step: MergeSort) -> None:
         if self._own_merge():  # the target's own entry point
             self._cover("merge_and_sort_free", "hybrid" if not self.pure else "pure")
             self._invoke("merge_and_sort_free", self.alloc.merge_and_sort_free, None)
         else:  # the seed's hybrid has none: each sub-allocator's
-            for sub in self._subs():
+            for sub in observe.sub_allocators(self.alloc):
                 self._invoke("merge_and_sort_free", sub.merge_and_sort_free, None)
         self._after_call([])
 

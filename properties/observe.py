@@ -20,6 +20,14 @@ def sizes(alloc) -> dict[str, int]:
     }
 
 
+def sub_allocators(alloc) -> list:
+    """The full and SWA sub-allocators, once each: pure SWA has one for both."""
+    subs = [alloc.full_attn_allocator]
+    if alloc.swa_attn_allocator is not subs[0]:
+        subs.append(alloc.swa_attn_allocator)
+    return subs
+
+
 def free_page_tensor(sub) -> torch.Tensor:
     """Free and staged pages (slots at page_size 1) of one sub-allocator, as one int64
     tensor on its device: for whole-pool comparisons that stay vectorized.
