@@ -89,7 +89,7 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
     def available_size(self) -> int:
         if self._free_pages is None:
             return 0
-        return (len(self._free_pages) + self._num_staged) * self.page_size
+        return (self._free_pages.shape[0] + self._num_staged) * self.page_size
 
     def get_kvcache(self):
         return self._kvcache
@@ -169,8 +169,8 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
     def _take_pages(self, num_pages: int) -> Optional[torch.Tensor]:
         """The next ``num_pages`` free page ids, or None (nothing taken)."""
         free = self._free_pages
-        if num_pages > len(free):
-            if num_pages > len(free) + self._num_staged:
+        if num_pages > free.shape[0]:
+            if num_pages > free.shape[0] + self._num_staged:
                 return None
             self._merge_staged(sort=self.need_sort)
             free = self._free_pages

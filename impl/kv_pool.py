@@ -85,7 +85,9 @@ class SWAKVPool(BaseSWAKVPool):
                 "translate_loc_from_full_to_swa before register_mapping: "
                 "build the allocator over this pool first"
             )
-        return self.full_to_swa_index_mapping[kv_indices.to(torch.int64)]
+        if kv_indices.dtype is not torch.int64:
+            kv_indices = kv_indices.to(torch.int64)
+        return self.full_to_swa_index_mapping[kv_indices]
 
     def get_cpu_copy(self, indices, mamba_indices=None, req_pool_index=None):
         """Tags of the full slots ``indices`` and of their SWA peers (as now mapped).

@@ -18,6 +18,20 @@ def _ceil_div(a, b):
     return (a + b - 1) // b
 
 
+def _as_i64(t: torch.Tensor, device=None) -> torch.Tensor:
+    # .to() on a tensor already right returns it, at the cost of a call into
+    # torch (about 1 us); the hot paths pass int64 on the right device.
+    if t.dtype is not torch.int64 or (device is not None and t.device != device):
+        return t.to(device=device, dtype=torch.int64)
+    return t
+
+
+# Up to this many requests the host copies' lengths are summed as Python ints:
+# a few torch calls on a small CPU tensor cost about 13 us, the list about 1 us
+# at 4 requests and 5 us at 64; past a couple of hundred the tensor is cheaper.
+_HOST_LIST_MAX = 128
+
+
 def get_num_new_pages(seq_lens, page_size: int, prefix_lens=None, decode: bool = False) -> int:
     """Pages a batch needs: sum of ceil(seq/ps) - ceil(prefix/ps).
 
@@ -52,57 +66,64 @@ def extend_layout(
     the request's k-th new page, k = p // ps - ceil(prefix / ps). New pages
     are handed to requests in batch order. That single rule gives the whole
     pages first and one partial last page.
+
+    ``last_loc`` (B,) with ``new_pages`` (P,) gives one layout (total,).
+    ``last_loc`` (K, B) with ``new_pages`` (K, P) gives K layouts (K, total)
+    over the same lengths: the hybrid lays out its two pools in one pass,
+    since only the page ids and the continuation slots differ between them.
     """
     ps = page_size
     device = seq_lens.device
     total = int(extend_num_tokens)
     if total == 0:
-        return torch.empty((0,), dtype=torch.int64, device=device)
-    pre = prefix_lens.to(device=device, dtype=torch.int64)
-    seq = seq_lens.to(torch.int64)
+        return torch.empty(tuple(last_loc.shape[:-1]) + (0,), dtype=torch.int64, device=device)
+    pre = _as_i64(prefix_lens, device)
+    seq = _as_i64(seq_lens)
     ext = seq - pre
     start = torch.cumsum(ext, 0) - ext  # first output index of each request
-    pre_pages = _ceil_div(pre, ps)
-    new_count = _ceil_div(seq, ps) - pre_pages
-    first_new = torch.cumsum(new_count, 0) - new_count
-    # Per request, in terms of the output index t (one gather for all four):
-    #   continuation slot   = last_loc + 1 - start + t
-    #   continuation ends   at t = start + (pre_pages * ps - prefix)
-    #   position            = t + (prefix - start)
-    #   index into new_pages = position // ps + (first_new - pre_pages)
-    per_req = torch.stack(
+    pre_pages = (pre + (ps - 1)) // ps
+    new_count = (seq + (ps - 1)) // ps - pre_pages
+    shift = pre - start  # position = output index + shift
+    # Per request, in terms of the output index t (one gather for all rows):
+    #   continuation slot    = last_loc + 1 - start + t      (one row per pool)
+    #   continuation ends    at t = pre_pages * ps - shift
+    #   position             = t + shift
+    #   index into new_pages = position // ps + (first new page - pre_pages)
+    rows = torch.cat(
         (
-            last_loc.to(device=device, dtype=torch.int64) + 1 - start,
-            start + pre_pages * ps - pre,
-            pre - start,
-            first_new - pre_pages,
-        ),
-        dim=1,
+            (_as_i64(last_loc, device) + 1 - start).reshape(-1, start.shape[0]),
+            torch.stack((pre_pages * ps - shift, shift, torch.cumsum(new_count, 0) - new_count - pre_pages)),
+        )
     )
+    k = rows.shape[0] - 3
     # output_size keeps repeat_interleave from reading ext back to the host.
-    g = per_req.repeat_interleave(ext, dim=0, output_size=total)
+    g = rows.repeat_interleave(ext, dim=1, output_size=total)
     t = torch.arange(total, device=device)
-    out = g[:, 0] + t
+    out = g[:k] + t
     if new_pages.numel() > 0:
-        pos = t + g[:, 2]
+        pos = g[k + 1] + t
         # Continuation tokens compute an out-of-range index; clamp it and let
         # torch.where drop the result, so the shape stays data-independent.
-        nth = (g[:, 3] + pos // ps).clamp_(0, new_pages.numel() - 1)
-        fresh = new_pages.to(device)[nth] * ps + pos % ps
-        out = torch.where(t < g[:, 1], out, fresh)
-    return out
+        nth = (pos // ps + g[k + 2]).clamp_(0, new_pages.shape[-1] - 1)
+        fresh = new_pages.to(device).reshape(k, -1)[:, nth] * ps + pos % ps
+        out = torch.where(t < g[k], out, fresh)
+    return out.reshape(last_loc.shape[:-1] + (total,))
 
 
 def decode_layout(
     seq_lens: torch.Tensor, last_loc: torch.Tensor, new_pages: torch.Tensor, page_size: int
 ) -> torch.Tensor:
-    """Slot of position seq-1 per request: last_loc + 1, or a new page's first slot."""
-    seq = seq_lens.to(torch.int64)
-    out = last_loc.to(device=seq.device, dtype=torch.int64) + 1
+    """Slot of position seq-1 per request: last_loc + 1, or a new page's first slot.
+
+    Shapes as in ``extend_layout``: ``last_loc`` (B,) or (K, B), ``new_pages``
+    (P,) or (K, P).
+    """
+    seq = _as_i64(seq_lens)
+    out = _as_i64(last_loc, seq.device) + 1
     if new_pages.numel() > 0:
         opens_page = (seq - 1) % page_size == 0
-        nth = (torch.cumsum(opens_page.to(torch.int64), 0) - 1).clamp_(0, new_pages.numel() - 1)
-        out = torch.where(opens_page, new_pages.to(seq.device)[nth] * page_size, out)
+        nth = (torch.cumsum(opens_page, 0) - 1).clamp_(0, new_pages.shape[-1] - 1)
+        out = torch.where(opens_page, new_pages.to(seq.device)[..., nth] * page_size, out)
     return out
 
 
@@ -226,7 +247,7 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
     @staticmethod
     def _check_batch(name, *tensors) -> None:
-        lens = {len(t) for t in tensors}
+        lens = {t.shape[0] for t in tensors}
         if len(lens) != 1:
             raise ValueError(
                 f"{name}: batch tensors differ in length ({sorted(lens)}); "
@@ -241,25 +262,72 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
         Host-side only: the CPU copies of the lengths exist so nothing syncs.
         """
+        cls._checked_extend_pages(
+            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens, 1
+        )
+
+    @classmethod
+    def _checked_extend_pages(
+        cls, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens, page_size
+    ) -> int:
+        """``check_extend_args``, then the batch's new page count at ``page_size``
+        (``get_num_new_pages``): one pass over the host copies for both."""
         cls._check_batch(
             "alloc_extend", prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc
         )
-        ext_cpu = seq_lens_cpu.to(torch.int64) - prefix_lens_cpu.to(torch.int64)
-        if len(ext_cpu) and int(ext_cpu.min()) < 0:
+        n = seq_lens_cpu.shape[0]
+        if n == 0:
+            if int(extend_num_tokens) != 0:
+                raise ValueError(
+                    f"alloc_extend: extend_num_tokens={extend_num_tokens} but the "
+                    "batch extends by 0 tokens; pass sum(seq - prefix)"
+                )
+            return 0
+        ps = page_size
+        if n <= _HOST_LIST_MAX:
+            pre, seq = prefix_lens_cpu.tolist(), seq_lens_cpu.tolist()
+            ext = [b - a for a, b in zip(pre, seq)]
+            ext_min, pre_min, ext_sum = min(ext), min(pre), sum(ext)
+            pages = sum(-(-b // ps) for b in seq) - sum(-(-a // ps) for a in pre)
+        else:
+            pre = _as_i64(prefix_lens_cpu)
+            seq = _as_i64(seq_lens_cpu)
+            ext = seq - pre
+            lens = torch.stack((ext, pre, (seq + (ps - 1)) // ps - (pre + (ps - 1)) // ps))
+            (ext_min, pre_min, _), (ext_sum, _, pages) = lens.amin(dim=1).tolist(), lens.sum(dim=1).tolist()
+        if ext_min < 0:
             raise ValueError("alloc_extend: a seq_len is below its prefix_len")
-        if len(prefix_lens_cpu) and int(prefix_lens_cpu.min()) < 0:
+        if pre_min < 0:
             raise ValueError("alloc_extend: a prefix_len is negative")
-        if int(ext_cpu.sum()) != int(extend_num_tokens):
+        if ext_sum != int(extend_num_tokens):
             raise ValueError(
                 f"alloc_extend: extend_num_tokens={extend_num_tokens} but the "
-                f"batch extends by {int(ext_cpu.sum())} tokens; pass sum(seq - prefix)"
+                f"batch extends by {ext_sum} tokens; pass sum(seq - prefix)"
             )
+        return pages
 
     @classmethod
     def check_decode_args(cls, seq_lens, seq_lens_cpu, last_loc) -> None:
+        cls._checked_decode_pages(seq_lens, seq_lens_cpu, last_loc, 1)
+
+    @classmethod
+    def _checked_decode_pages(cls, seq_lens, seq_lens_cpu, last_loc, page_size) -> int:
+        """``check_decode_args``, then the new page count (``get_num_new_pages``
+        with decode=True): a request opens a page when its new position
+        seq - 1 is a multiple of the page size."""
         cls._check_batch("alloc_decode", seq_lens, seq_lens_cpu, last_loc)
-        if len(seq_lens_cpu) and int(seq_lens_cpu.min()) < 1:
+        n = seq_lens_cpu.shape[0]
+        if n == 0:
+            return 0
+        if n <= _HOST_LIST_MAX:
+            seq = seq_lens_cpu.tolist()
+            lo, pages = min(seq), [(s - 1) % page_size for s in seq].count(0)
+        else:
+            seq = _as_i64(seq_lens_cpu)
+            lo, pages = torch.stack((seq.min(), ((seq - 1) % page_size == 0).sum())).tolist()
+        if lo < 1:
             raise ValueError("alloc_decode: every seq_len must be >= 1 (it counts the new token)")
+        return pages
 
     def alloc_extend(
         self,
@@ -271,13 +339,12 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         extend_num_tokens: int,
         num_new_pages: Optional[int] = None,
     ) -> Optional[torch.Tensor]:
-        self.check_extend_args(
-            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens
+        counted = self._checked_extend_pages(
+            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens,
+            self.page_size,
         )
         if num_new_pages is None:
-            num_new_pages = get_num_new_pages(
-                seq_lens=seq_lens_cpu, page_size=self.page_size, prefix_lens=prefix_lens_cpu
-            )
+            num_new_pages = counted
         return self._extend(prefix_lens, seq_lens, last_loc, extend_num_tokens, num_new_pages)
 
     def _extend(self, prefix_lens, seq_lens, last_loc, extend_num_tokens, num_new_pages):
@@ -307,10 +374,7 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         seq_lens_cpu: torch.Tensor,
         last_loc: torch.Tensor,
     ) -> Optional[torch.Tensor]:
-        self.check_decode_args(seq_lens, seq_lens_cpu, last_loc)
-        num_new_pages = get_num_new_pages(
-            seq_lens=seq_lens_cpu, page_size=self.page_size, decode=True
-        )
+        num_new_pages = self._checked_decode_pages(seq_lens, seq_lens_cpu, last_loc, self.page_size)
         return self._decode(seq_lens, last_loc, num_new_pages)
 
     def _decode(self, seq_lens, last_loc, num_new_pages):

@@ -29,7 +29,12 @@ import torch
 from impl.backend import get_backend
 from impl.base import BaseTokenToKVPoolAllocator, _check_page_aligned
 from impl.invariants import Bucket, Invariant, IsTrue, expect
-from impl.paged import PagedTokenToKVPoolAllocator, get_num_new_pages
+from impl.paged import (
+    PagedTokenToKVPoolAllocator,
+    _as_i64,
+    decode_layout,
+    extend_layout,
+)
 from impl.token import TokenToKVPoolAllocator
 
 logger = logging.getLogger(__name__)
@@ -255,8 +260,9 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
                 f"set_full_to_swa_mapping: {full_indices.numel()} full indices but "
                 f"{swa_indices.numel()} SWA indices; pass one SWA slot per full slot"
             )
-        full_indices = full_indices.to(torch.int64)
-        swa_indices = swa_indices.to(self.full_to_swa_index_mapping.dtype)
+        full_indices = _as_i64(full_indices)
+        if swa_indices.dtype is not self.full_to_swa_index_mapping.dtype:
+            swa_indices = swa_indices.to(self.full_to_swa_index_mapping.dtype)
         self._unlink_reverse(full_indices)
         self._backend.scatter(self.full_to_swa_index_mapping, full_indices, swa_indices)
         if self._swa_to_full is not None:
@@ -265,8 +271,16 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     def clear_full_to_swa_mapping(self, full_indices: torch.Tensor) -> None:
         if full_indices.numel() == 0:
             return
-        full_indices = full_indices.to(torch.int64)
+        full_indices = _as_i64(full_indices)
         self._unlink_reverse(full_indices)
+        self._backend.zero_fill(self.full_to_swa_index_mapping, full_indices)
+
+    def _clear_read_mapping(self, full_indices: torch.Tensor, peers: torch.Tensor) -> None:
+        """``clear_full_to_swa_mapping`` where the caller has just read these
+        entries (``peers``): the reverse map is unlinked from them, not from a
+        second read of the same entries."""
+        if self._swa_to_full is not None:
+            self._backend.zero_fill(self._swa_to_full, peers)
         self._backend.zero_fill(self.full_to_swa_index_mapping, full_indices)
 
     def _unlink_reverse(self, full_indices: torch.Tensor) -> None:
@@ -322,11 +336,9 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         extend_num_tokens: int,
     ) -> Optional[torch.Tensor]:
         self._require_paged("alloc_extend")
-        PagedTokenToKVPoolAllocator.check_extend_args(
-            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens
-        )
-        num_new_pages = get_num_new_pages(
-            seq_lens=seq_lens_cpu, page_size=self.page_size, prefix_lens=prefix_lens_cpu
+        num_new_pages = PagedTokenToKVPoolAllocator._checked_extend_pages(
+            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens,
+            self.page_size,
         )
         # Both pools need the same page count: an SWA row mirrors the full
         # row's page layout over the same positions.
@@ -342,17 +354,59 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
         # Translate before allocating: the SWA row continues its own last slot.
         swa_last_loc = self.translate_loc_from_full_to_swa(last_loc)
-        full = self.full_attn_allocator._extend(
-            prefix_lens, seq_lens, last_loc, extend_num_tokens, num_new_pages
-        )
-        if full is None:
-            return None
-        swa = self.swa_attn_allocator._extend(
-            prefix_lens, seq_lens, swa_last_loc, extend_num_tokens, num_new_pages
-        )
-        assert swa is not None, "SWA pool ran short after new_pages_available said yes"
+        if self._joint_layouts("_extend"):
+            pages = self._take_both(num_new_pages)
+            if pages is None:
+                return None
+            both = extend_layout(
+                prefix_lens, seq_lens, torch.stack((_as_i64(last_loc), _as_i64(swa_last_loc))),
+                pages, self.page_size, extend_num_tokens,
+            )
+            full, swa = both.unbind(0)
+        else:
+            full = self.full_attn_allocator._extend(
+                prefix_lens, seq_lens, last_loc, extend_num_tokens, num_new_pages
+            )
+            if full is None:
+                return None
+            swa = self.swa_attn_allocator._extend(
+                prefix_lens, seq_lens, swa_last_loc, extend_num_tokens, num_new_pages
+            )
+            assert swa is not None, "SWA pool ran short after new_pages_available said yes"
         self.set_full_to_swa_mapping(full, swa)
         return full
+
+    def _joint_layouts(self, hook: str) -> bool:
+        """Whether one layout pass may serve both pools.
+
+        The two pools' layouts differ only in their page ids and continuation
+        slots, so they are computed together, halving the tensor ops of a call.
+        That holds only while both sub-allocators compute their layouts as
+        ``PagedTokenToKVPoolAllocator`` does: a subclass that overrides ``hook``
+        (``_extend`` or ``_decode``), another layout or debug mode's checks
+        there send each pool through its own call instead.
+        """
+        base = getattr(PagedTokenToKVPoolAllocator, hook)
+        full, swa = self.full_attn_allocator, self.swa_attn_allocator
+        return (
+            self.layout == "torch"
+            and getattr(type(full), hook) is base
+            and getattr(type(swa), hook) is base
+            and not full.debug_mode
+            and not swa.debug_mode
+        )
+
+    def _take_both(self, num_pages: int) -> Optional[torch.Tensor]:
+        """``num_pages`` new pages off each pool, stacked (full first), or None."""
+        if num_pages == 0:
+            # Most decode steps open no page: nothing to slice off either list.
+            return torch.empty((2, 0), dtype=torch.int64, device=self.device)
+        full = self.full_attn_allocator._take_pages(int(num_pages))
+        if full is None:
+            return None
+        swa = self.swa_attn_allocator._take_pages(int(num_pages))
+        assert swa is not None, "SWA pool ran short after new_pages_available said yes"
+        return torch.stack((_as_i64(full), _as_i64(swa)))
 
     def alloc_extend_swa_tail(
         self,
@@ -380,11 +434,9 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
                 f"0..extend_num_tokens={extend_num_tokens}; the tail is part of the extend"
             )
 
-        PagedTokenToKVPoolAllocator.check_extend_args(
-            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens
-        )
-        num_full_pages = get_num_new_pages(
-            seq_lens=seq_lens_cpu, page_size=self.page_size, prefix_lens=prefix_lens_cpu
+        num_full_pages = PagedTokenToKVPoolAllocator._checked_extend_pages(
+            prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens,
+            self.page_size,
         )
         ps = self.page_size
         seq_len = int(seq_lens_cpu[0])
@@ -438,23 +490,32 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         last_loc: torch.Tensor,
     ) -> Optional[torch.Tensor]:
         self._require_paged("alloc_decode")
-        PagedTokenToKVPoolAllocator.check_decode_args(seq_lens, seq_lens_cpu, last_loc)
+        num_new_pages = PagedTokenToKVPoolAllocator._checked_decode_pages(
+            seq_lens, seq_lens_cpu, last_loc, self.page_size
+        )
         if self._swa_req_ring:
             return self.full_attn_allocator.alloc_decode(seq_lens, seq_lens_cpu, last_loc)
 
-        num_new_pages = get_num_new_pages(
-            seq_lens=seq_lens_cpu, page_size=self.page_size, decode=True
-        )
         # Checked up front so that a short SWA pool cannot leave the full
         # side's pages taken with nothing returned.
         if not self.new_pages_available(num_new_pages, num_new_pages):
             return None
         swa_last_loc = self.translate_loc_from_full_to_swa(last_loc)
-        full = self.full_attn_allocator._decode(seq_lens, last_loc, num_new_pages)
-        if full is None:
-            return None
-        swa = self.swa_attn_allocator._decode(seq_lens, swa_last_loc, num_new_pages)
-        assert full is not None and swa is not None
+        if self._joint_layouts("_decode"):
+            pages = self._take_both(num_new_pages)
+            if pages is None:
+                return None
+            both = decode_layout(
+                seq_lens, torch.stack((_as_i64(last_loc), _as_i64(swa_last_loc))),
+                pages, self.page_size,
+            )
+            full, swa = both.unbind(0)
+        else:
+            full = self.full_attn_allocator._decode(seq_lens, last_loc, num_new_pages)
+            if full is None:
+                return None
+            swa = self.swa_attn_allocator._decode(seq_lens, swa_last_loc, num_new_pages)
+            assert full is not None and swa is not None
         self.set_full_to_swa_mapping(full, swa)
         return full
 
@@ -492,7 +553,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         else:
             where = self._expand_to_full_pages(free_index)
             swa = self.full_to_swa_index_mapping[where]
-            self.clear_full_to_swa_mapping(where)
+            self._clear_read_mapping(where, swa)
 
         if self.free_group is not None:
             # Hold the SWA ids as read now, not the full ids: before the group
@@ -558,20 +619,30 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
     def _release_swa(self, swa_indices: torch.Tensor) -> None:
         ps = self.page_size
-        if ps > 1:
+        if ps == 1:
+            self.swa_attn_allocator.free(swa_indices)
+        else:
             # Whole-page expansion also reads slots that were never paired
             # (e.g. a load-back whose SWA chunk began mid-page); their 0 must
             # not reach the free list. And a page another full page still
             # pairs into stays owned: it goes when its last pair does.
-            # Each page is looked at once (one mask and one unique, so host syncs,
+            # Each page is looked at once (one unique and one mask, so host syncs,
             # per release): the expansion repeats a page for every index on it,
             # and a check per repeat would cost page_size squared a page.
-            pages = torch.unique(swa_indices[swa_indices > 0] // ps)
-            on_page = pages[:, None] * ps + torch.arange(ps, device=swa_indices.device)[None, :]
-            still_paired = self._swa_to_full[on_page].ne(0).any(dim=1)
-            swa_indices = pages[~still_paired] * ps
-        self.swa_attn_allocator.free(swa_indices)
+            # An unpaired 0 lands on page 0, which the mask drops with the pages
+            # still paired; what is left is distinct, so it goes back as page ids.
+            pages = torch.unique(swa_indices // ps)
+            still_paired = self._swa_to_full[pages[:, None] * ps + self._offsets()].any(dim=1)
+            self.swa_attn_allocator.free_page_ids(pages[(pages > 0) & ~still_paired])
         assert self.swa_attn_allocator.available_size() <= self.swa_attn_allocator.size
+
+    def _offsets(self) -> torch.Tensor:
+        """0 .. page_size - 1, made once (the page expansions' in-page offsets)."""
+        offsets = self.__dict__.get("_page_offsets")
+        if offsets is None:
+            offsets = torch.arange(self.page_size, dtype=torch.int64, device=self.device)
+            self._page_offsets = offsets
+        return offsets
 
     def free_full(self, free_index: torch.Tensor) -> None:
         """Release full slots whose SWA peers the caller already released."""
@@ -642,9 +713,8 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         free dedups pages itself, so the repeat costs nothing downstream.
         """
         ps = self.page_size
-        base = (indices.to(torch.int64) // ps) * ps
-        offsets = torch.arange(ps, dtype=torch.int64, device=indices.device)
-        expanded = (base[:, None] + offsets[None, :]).reshape(-1)
+        base = (_as_i64(indices) // ps) * ps
+        expanded = (base[:, None] + self._offsets()).reshape(-1)
         if self.swa_attn_allocator.debug_mode:
             got = torch.unique(expanded.cpu() // ps)
             want = torch.unique(indices.cpu().to(torch.int64) // ps)

@@ -23,7 +23,7 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         self.free_group = None
 
     def available_size(self) -> int:
-        return len(self._free_pages) + self._num_staged
+        return self._free_pages.shape[0] + self._num_staged
 
     def alloc(self, need_size: int) -> Optional[torch.Tensor]:
         if need_size < 0:
