@@ -26,6 +26,14 @@ def _as_i64(t: torch.Tensor, device=None) -> torch.Tensor:
     return t
 
 
+def page_of(slots: torch.Tensor, page_size: int) -> torch.Tensor:
+    """slots // page_size: a shift when the page size is a power of two
+    (int64 floor division costs about 9x a shift on CPU)."""
+    if page_size & (page_size - 1) == 0:
+        return slots >> (page_size.bit_length() - 1)
+    return slots // page_size
+
+
 # Up to this many requests the host copies' lengths are summed as Python ints:
 # a few torch calls on a small CPU tensor cost about 13 us, the list about 1 us
 # at 4 requests and 5 us at 64; past a couple of hundred the tensor is cheaper.
@@ -402,7 +410,7 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         if self.free_group is not None:
             self.free_group.append(self._copy_for_free_group(free_index))
             return
-        pages = torch.unique(free_index.to(torch.int64) // self.page_size)
+        pages = torch.unique(page_of(_as_i64(free_index), self.page_size))
         if self.debug_mode:
             self._debug_check_release(pages, "free")
         self._stage(pages)
