@@ -34,6 +34,13 @@ def page_of(slots: torch.Tensor, page_size: int) -> torch.Tensor:
     return slots // page_size
 
 
+def in_page(slots: torch.Tensor, page_size: int) -> torch.Tensor:
+    """slots % page_size (a mask at a power-of-two page size, as in page_of)."""
+    if page_size & (page_size - 1) == 0:
+        return slots & (page_size - 1)
+    return slots % page_size
+
+
 # Up to this many requests the host copies' lengths are summed as Python ints:
 # a few torch calls on a small CPU tensor cost about 13 us, the list about 1 us
 # at 4 requests and 5 us at 64; past a couple of hundred the tensor is cheaper.
@@ -112,8 +119,8 @@ def extend_layout(
         pos = g[k + 1] + t
         # Continuation tokens compute an out-of-range index; clamp it and let
         # torch.where drop the result, so the shape stays data-independent.
-        nth = (pos // ps + g[k + 2]).clamp_(0, new_pages.shape[-1] - 1)
-        fresh = new_pages.to(device).reshape(k, -1)[:, nth] * ps + pos % ps
+        nth = (page_of(pos, ps) + g[k + 2]).clamp_(0, new_pages.shape[-1] - 1)
+        fresh = new_pages.to(device).reshape(k, -1)[:, nth] * ps + in_page(pos, ps)
         out = torch.where(t < g[k], out, fresh)
     return out.reshape(last_loc.shape[:-1] + (total,))
 

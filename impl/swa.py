@@ -535,6 +535,18 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         if free_index.numel() == 0:
             return
         self.free_swa(free_index)
+        cls = type(self)
+        if (
+            cls.free_swa is SWATokenToKVPoolAllocator.free_swa
+            and cls.free_full is SWATokenToKVPoolAllocator.free_full
+            and cls._expand_to_full_pages is SWATokenToKVPoolAllocator._expand_to_full_pages
+        ):
+            # This class's free_swa has just zeroed the mapping of every page
+            # free_index touches, so free_full's swa.peer_released check cannot
+            # fail here; a subclass that changes either half keeps the check.
+            self.full_attn_allocator.free(free_index)
+            assert self.full_attn_allocator.available_size() <= self.full_attn_allocator.size
+            return
         self.free_full(free_index)
 
     def free_swa(self, free_index: torch.Tensor) -> None:
