@@ -1,0 +1,99 @@
+"""The speed paths agree with the plain ones they stand in for.
+
+Host-side counts: Python ints for small batches, one torch pass for large ones
+(impl.paged._HOST_LIST_MAX); both must give get_num_new_pages and the same errors.
+Joint layouts: one extend/decode pass over two pools equals one pass per pool.
+The SWA release: dedup by marking equals torch.unique.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from impl import make_allocator
+from impl import paged, swa
+from impl.paged import PagedTokenToKVPoolAllocator as Paged
+from impl.paged import decode_layout, extend_layout, get_num_new_pages
+
+
+def T(values):
+    return torch.tensor(values, dtype=torch.int64)
+
+
+@pytest.mark.parametrize("n", [1, 3, paged._HOST_LIST_MAX, paged._HOST_LIST_MAX + 1, 300])
+@pytest.mark.parametrize("ps", [2, 16, 24, 64])
+def test_host_counts_match_get_num_new_pages(n, ps):
+    rng = random.Random(n * 1000 + ps)
+    for _ in range(20):
+        pre = [rng.randrange(0, 300) for _ in range(n)]
+        seq = [p + rng.randrange(0, 200) for p in pre]
+        args = (T(pre), T(pre), T(seq), T(seq), T([-1] * n), sum(seq) - sum(pre))
+        assert Paged._checked_extend_pages(*args, ps) == get_num_new_pages(T(seq), ps, T(pre))
+        dec = [s + 1 for s in seq]
+        assert Paged._checked_decode_pages(T(dec), T(dec), T(dec), ps) == get_num_new_pages(
+            seq_lens=T(dec), page_size=ps, decode=True
+        )
+
+
+@pytest.mark.parametrize("n", [2, paged._HOST_LIST_MAX + 2])
+def test_host_counts_refuse_the_same_batches(n):
+    pre, seq = [4] * n, [9] * n
+    ok = (T(pre), T(pre), T(seq), T(seq), T([-1] * n))
+    with pytest.raises(ValueError, match="extend_num_tokens"):
+        Paged._checked_extend_pages(*ok, 5 * n + 1, 16)
+    bad_seq = list(seq)
+    bad_seq[-1] = 3
+    with pytest.raises(ValueError, match="below its prefix_len"):
+        Paged._checked_extend_pages(T(pre), T(pre), T(bad_seq), T(bad_seq), T([-1] * n), 0, 16)
+    bad_pre = list(pre)
+    bad_pre[0] = -1
+    with pytest.raises(ValueError, match="prefix_len is negative"):
+        Paged._checked_extend_pages(T(bad_pre), T(bad_pre), T(seq), T(seq), T([-1] * n), sum(seq) - sum(bad_pre), 16)
+    with pytest.raises(ValueError, match=">= 1"):
+        Paged._checked_decode_pages(T([0] + seq[1:]), T([0] + seq[1:]), T(seq), 16)
+
+
+@pytest.mark.parametrize("ps", [2, 16, 24])
+def test_joint_layouts_equal_one_per_pool(ps):
+    rng = random.Random(ps)
+    for _ in range(50):
+        n = rng.randrange(1, 9)
+        pre = [rng.randrange(0, 40) for _ in range(n)]
+        seq = [p + rng.randrange(0, 40) for p in pre]
+        pages = get_num_new_pages(T(seq), ps, T(pre))
+        lasts = [T([rng.randrange(1000) if p else -1 for p in pre]) for _ in range(2)]
+        new = [T(rng.sample(range(1, 500), pages)) for _ in range(2)]
+        total = sum(seq) - sum(pre)
+        both = extend_layout(T(pre), T(seq), torch.stack(lasts), torch.stack(new), ps, total)
+        for k in range(2):
+            assert torch.equal(both[k], extend_layout(T(pre), T(seq), lasts[k], new[k], ps, total))
+        dpages = get_num_new_pages(seq_lens=T(seq), page_size=ps, decode=True) if min(seq) > 0 else 0
+        if min(seq) > 0:
+            dnew = [T(rng.sample(range(1, 500), dpages)) for _ in range(2)]
+            both = decode_layout(T(seq), torch.stack(lasts), torch.stack(dnew), ps)
+            for k in range(2):
+                assert torch.equal(both[k], decode_layout(T(seq), lasts[k], dnew[k], ps))
+
+
+def test_release_dedup_by_marking_equals_unique(monkeypatch):
+    """Two allocators, one deduplicating every release by marking, end with the
+    same free lists after the same large frees."""
+    def run():
+        a = make_allocator(dict(kind="hybrid", size=1 << 14, size_swa=1 << 14, page_size=16, check_level="warn"))
+        rows = []
+        for n in (1000, 37, 4096, 513):
+            p = T([0])
+            rows.append(a.alloc_extend(p, p, T([n]), T([n]), T([-1]), n))
+        a.free(torch.cat((rows[2], rows[0])))
+        a.free(rows[1])
+        a.free(rows[3])
+        return [x.tolist() for x in (a.swa_attn_allocator.free_pages, a.full_attn_allocator.free_pages)]
+
+    plain = run()
+    monkeypatch.setattr(swa, "_MARK_DEDUP_MIN", 0)
+    assert run() == plain
+    monkeypatch.setattr(swa, "_MARK_DEDUP_MIN", 1 << 30)
+    assert run() == plain
