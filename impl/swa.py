@@ -654,8 +654,6 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             # Each page is looked at once (one unique and one mask, so host syncs,
             # per release): the expansion repeats a page for every index on it,
             # and a check per repeat would cost page_size squared a page.
-            # An unpaired 0 lands on page 0, which the mask drops with the pages
-            # still paired; what is left is distinct, so it goes back as page ids.
             # An unpaired 0 lands on page 0 (and a broken expansion's read of the
             # sentinel on page -1); the last mask drops those with the pages still
             # paired, and what is left is distinct, so it goes back as page ids.
@@ -986,7 +984,7 @@ class PureSWATokenToKVPoolAllocator(SWATokenToKVPoolAllocator):
 
 
 # Releases from this many entries up are deduplicated by marking (see
-# SWATokenToKVPoolAllocator._distinct_pages).
+# SWATokenToKVPoolAllocator._release_swa).
 _MARK_DEDUP_MIN = 4096
 
 
