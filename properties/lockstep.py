@@ -22,7 +22,7 @@ import torch
 from impl import config as config_schema
 from properties import observe
 from properties.steps import (
-    NEW, PAGE_ID_BREAKS, Admit, AdmitTail, Break, CacheFree, Clear, Decode, DropTail, Empty, Evict,
+    NEW, PAGE_ID_BREAKS, PAGED_CALLS, Admit, AdmitTail, Break, CacheFree, Clear, Decode, DropTail, Empty, Evict,
     EvictSegment, Extend, Finish, FreePages, GroupBegin, GroupEnd, MergeSort, Prefill, Repair, Resize,
     Resume, Retract, Step, StepFormatError,
 )
@@ -1242,17 +1242,31 @@ class Lockstep:
                 del self.cache[rid]
 
     def _empty(self, step: Empty) -> None:
-        """A call with nothing in it: it must return what it owes and change nothing."""
-        a, call = self.alloc, step.call
+        """A call with nothing in it: a batch of no requests, a free of no slots. It must
+        return what it owes (an empty int64 index tensor for an alloc) and change nothing."""
+        a, call, m = self.alloc, step.call, self.model
         none = torch.empty((0,), dtype=torch.int64, device=self.device)
         self._cover(call, "empty input")
         if call == "alloc":
             if self.ps != 1:
                 raise StepFormatError("call", "alloc(0) is a page_size 1 call")
-            ran, res = self._invoke("alloc(0)", lambda: a.alloc(0), self.model.classify_alloc(0))
+            ran, res = self._invoke("alloc(0)", lambda: a.alloc(0), m.classify_alloc(0))
             self._check_index_tensor("alloc(0)", res, 0)
-        elif call == "free_segment":
-            self._invoke("free_segment(empty, start_pos=0)", lambda: a.free_segment(none, start_pos=0), None)
+        elif call in PAGED_CALLS:
+            if self.ps == 1:
+                raise StepFormatError("call", f"{call} of no requests is a paged call")
+            cpu, last = self._t([], True), self._last_loc([])
+            if call == "alloc_extend":
+                fn = lambda: a.alloc_extend(none, cpu, none, cpu, last, 0)
+            else:
+                fn = lambda: a.alloc_decode(none, cpu, last)
+            ran, res = self._invoke(f"{call} of no requests", fn, m.classify_paged(call))
+            if ran and res is None:
+                self._fail(Violation(names.CAPACITY, f"{call} of no requests returned None ({m.free_desc()})"))
+            self._check_index_tensor(f"{call} of no requests", res, 0)
+        elif call.endswith("segment"):
+            if hasattr(a, call):
+                self._invoke(f"{call}(empty, start_pos=0)", lambda: getattr(a, call)(none, start_pos=0), None)
         else:
             self._invoke(f"{call}(empty)", lambda: getattr(a, call)(none), None)
         self.labels["empty call"] += 1
