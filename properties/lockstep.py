@@ -637,6 +637,7 @@ class Lockstep:
             self._after_call([], returned_none=True)
             return None
         self._after_call(full)
+        self._cover(call if self.ps > 1 else "alloc", self._occupancy())
         i = 0
         for r, p, s in batch:
             chunk = full[i : i + s - p]
@@ -673,6 +674,14 @@ class Lockstep:
         """Coverage: the prefixes of a prefill batch (zero, aligned, unaligned or mixed)."""
         kinds = {"zero" if p == 0 else "aligned" if p % self.ps == 0 else "unaligned" for _, p, _ in batch}
         return "prefix: " + (kinds.pop() if len(kinds) == 1 else "mixed")
+
+    def _occupancy(self) -> str:
+        """Coverage: how full the full pool is after a call, and whether it is a large
+        one (a busy server runs its pool nearly full, so page ids reach its top)."""
+        pool = self.model.full
+        used = 1 - len(pool.free) / max(1, pool.num_pages)
+        size = "large pool" if pool.num_pages > LARGE_POOL_PAGES else "pool"
+        return f"{size} {'over 90 %' if used > 0.9 else 'over half' if used > 0.5 else 'under half'} full"
 
     def _cover(self, method: str, *shape: str) -> None:
         for cell in shape:

@@ -582,8 +582,11 @@ class LockstepMachine(RuleBasedStateMachine):
             self._go(Clear())
         else:
             m, ps = self.ls.model, self.ls.ps
-            size = data.draw(st.integers(1, m.built_size // ps), label="full pages") * ps
-            size_swa = size if m.pure else data.draw(st.integers(1, m.built_size_swa // ps), label="SWA pages") * ps
+            # As at construction, a size need not be whole pages.
+            spare = data.draw(st.integers(0, ps - 1)) if ps > 1 and data.draw(st.integers(0, 3)) == 0 else 0
+            size = min(m.built_size, data.draw(st.integers(1, m.built_size // ps), label="full pages") * ps + spare)
+            size_swa = size if m.pure else min(
+                m.built_size_swa, data.draw(st.integers(1, m.built_size_swa // ps), label="SWA pages") * ps + spare)
             self._go(Resize(size, size_swa))
 
     # ------------------------------------------------------ contract breaks
