@@ -43,6 +43,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "translate_loc_from_full_to_swa": (
         "via the KV pool's translate_loc_from_full_to_swa",
         "via translate_loc_from_full_to_swa",
+        "via translate_swa_indices_for_transfer",
     ),
 }
 

@@ -559,7 +559,11 @@ class Lockstep:
         swa_free = None if self.pure or self.ring else observe.free_pages(a.swa_attn_allocator)
         v = self.model.census(full_free, swa_free, observe.mapping(a))
         v += self.model.check_sizes(observe.sizes(a))
+        v += self.model.check_capacities(observe.capacities(a))
         open_now = getattr(a, "free_group", None) is not None
+        outside = observe.outside_group(a)
+        if outside is not None and outside == open_now:
+            v.append(Violation(names.GROUP_DEFERRED, f"is_not_in_free_group is {outside} while free_group is {'open' if open_now else 'closed'}"))
         if open_now != self.model.group_open:
             v.append(Violation(names.GROUP_DEFERRED, f"the allocator's free group is {'open' if open_now else 'closed'}, the model's {'open' if self.model.group_open else 'closed'}"))
         if not v and not self.ring:
