@@ -680,11 +680,13 @@ class Lockstep:
         return "prefix: " + (kinds.pop() if len(kinds) == 1 else "mixed")
 
     def _occupancy(self) -> str:
-        """Coverage: how full the full pool is after a call, and whether it is a large
-        one (a busy server runs its pool nearly full, so page ids reach its top)."""
-        pool = self.model.full
-        used = 1 - len(pool.free) / max(1, pool.num_pages)
-        size = "large pool" if pool.num_pages > LARGE_POOL_PAGES else "pool"
+        """Coverage: how full the fuller pool is after a call, and whether the full pool
+        is a large one (a busy server runs its pools nearly full, so page ids reach the
+        top of a large one)."""
+        m = self.model
+        pools = (m.full,) if self.pure or self.ring else (m.full, m.swa)
+        used = max(1 - len(p.free) / max(1, p.num_pages) for p in pools)
+        size = "large pool" if m.full.num_pages > LARGE_POOL_PAGES else "pool"
         return f"{size} {'over 90 %' if used > 0.9 else 'over half' if used > 0.5 else 'under half'} full"
 
     def _cover(self, method: str, *shape: str) -> None:
