@@ -22,7 +22,7 @@ import torch
 from impl import config as config_schema
 from properties import observe
 from properties.steps import (
-    NEW, PAGE_ID_BREAKS, Admit, AdmitTail, Break, CacheFree, Clear, Decode, DropTail, Empty, Evict,
+    NEW, PAGE_ID_BREAKS, PAGED_CALLS, Admit, AdmitTail, Break, CacheFree, Clear, Decode, DropTail, Empty, Evict,
     EvictSegment, Extend, Finish, FreePages, GroupBegin, GroupEnd, MergeSort, Prefill, Repair, Resize,
     Resume, Retract, Step, StepFormatError,
 )
@@ -559,7 +559,11 @@ class Lockstep:
         swa_free = None if self.pure or self.ring else observe.free_pages(a.swa_attn_allocator)
         v = self.model.census(full_free, swa_free, observe.mapping(a))
         v += self.model.check_sizes(observe.sizes(a))
+        v += self.model.check_capacities(observe.capacities(a))
         open_now = getattr(a, "free_group", None) is not None
+        outside = observe.outside_group(a)
+        if outside is not None and outside == open_now:
+            v.append(Violation(names.GROUP_DEFERRED, f"is_not_in_free_group is {outside} while free_group is {'open' if open_now else 'closed'}"))
         if open_now != self.model.group_open:
             v.append(Violation(names.GROUP_DEFERRED, f"the allocator's free group is {'open' if open_now else 'closed'}, the model's {'open' if self.model.group_open else 'closed'}"))
         if not v and not self.ring:
@@ -637,6 +641,7 @@ class Lockstep:
             self._after_call([], returned_none=True)
             return None
         self._after_call(full)
+        self._cover(call if self.ps > 1 else "alloc", self._occupancy())
         i = 0
         for r, p, s in batch:
             chunk = full[i : i + s - p]
@@ -673,6 +678,16 @@ class Lockstep:
         """Coverage: the prefixes of a prefill batch (zero, aligned, unaligned or mixed)."""
         kinds = {"zero" if p == 0 else "aligned" if p % self.ps == 0 else "unaligned" for _, p, _ in batch}
         return "prefix: " + (kinds.pop() if len(kinds) == 1 else "mixed")
+
+    def _occupancy(self) -> str:
+        """Coverage: how full the fuller pool is after a call, and whether the full pool
+        is a large one (a busy server runs its pools nearly full, so page ids reach the
+        top of a large one)."""
+        m = self.model
+        pools = (m.full,) if self.pure or self.ring else (m.full, m.swa)
+        used = max(1 - len(p.free) / max(1, p.num_pages) for p in pools)
+        size = "large pool" if m.full.num_pages > LARGE_POOL_PAGES else "pool"
+        return f"{size} {'over 90 %' if used > 0.9 else 'over half' if used > 0.5 else 'under half'} full"
 
     def _cover(self, method: str, *shape: str) -> None:
         for cell in shape:
@@ -1242,17 +1257,31 @@ class Lockstep:
                 del self.cache[rid]
 
     def _empty(self, step: Empty) -> None:
-        """A call with nothing in it: it must return what it owes and change nothing."""
-        a, call = self.alloc, step.call
+        """A call with nothing in it: a batch of no requests, a free of no slots. It must
+        return what it owes (an empty int64 index tensor for an alloc) and change nothing."""
+        a, call, m = self.alloc, step.call, self.model
         none = torch.empty((0,), dtype=torch.int64, device=self.device)
         self._cover(call, "empty input")
         if call == "alloc":
             if self.ps != 1:
                 raise StepFormatError("call", "alloc(0) is a page_size 1 call")
-            ran, res = self._invoke("alloc(0)", lambda: a.alloc(0), self.model.classify_alloc(0))
+            ran, res = self._invoke("alloc(0)", lambda: a.alloc(0), m.classify_alloc(0))
             self._check_index_tensor("alloc(0)", res, 0)
-        elif call == "free_segment":
-            self._invoke("free_segment(empty, start_pos=0)", lambda: a.free_segment(none, start_pos=0), None)
+        elif call in PAGED_CALLS:
+            if self.ps == 1:
+                raise StepFormatError("call", f"{call} of no requests is a paged call")
+            cpu, last = self._t([], True), self._last_loc([])
+            if call == "alloc_extend":
+                fn = lambda: a.alloc_extend(none, cpu, none, cpu, last, 0)
+            else:
+                fn = lambda: a.alloc_decode(none, cpu, last)
+            ran, res = self._invoke(f"{call} of no requests", fn, m.classify_paged(call))
+            if ran and res is None:
+                self._fail(Violation(names.CAPACITY, f"{call} of no requests returned None ({m.free_desc()})"))
+            self._check_index_tensor(f"{call} of no requests", res, 0)
+        elif call.endswith("segment"):
+            if hasattr(a, call):
+                self._invoke(f"{call}(empty, start_pos=0)", lambda: getattr(a, call)(none, start_pos=0), None)
         else:
             self._invoke(f"{call}(empty)", lambda: getattr(a, call)(none), None)
         self.labels["empty call"] += 1

@@ -26,7 +26,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 from properties.differential import Differential
 from properties.lockstep import LARGE_POOL_PAGES, RELEASED, Lockstep, runs_of
 from properties.steps import (
-    BREAKS, EMPTY_CALLS, GUARD_BREAKS, NEW, OTHER_BREAKS, PAGE_ID_BREAKS, AdmitTail, Break, CacheFree, Clear, Decode,
+    BREAKS, EMPTY_CALLS, GUARD_BREAKS, NEW, OTHER_BREAKS, PAGE_ID_BREAKS, PAGED_CALLS, TOKEN_CALLS, AdmitTail, Break, CacheFree, Clear, Decode,
     DropTail, Empty, EvictSegment, FreePages,
     Evict, Finish, GroupBegin, GroupEnd, MergeSort, Prefill, Repair, Resize, Resume, Retract, Step,
 )
@@ -93,13 +93,18 @@ def configs(draw, device: str = "cpu", fixed: dict | None = None) -> dict:
 
 
 @st.composite
-def lengths(draw, ps: int) -> int:
+def lengths(draw, ps: int, room: int = 0) -> int:
     """Tokens a request adds: a few (speculative or jump-forward extends, inside one
-    page), up to a few pages, and one in eight up to thousands."""
-    kind = draw(st.integers(0, 7))
-    if kind == 7:
+    page), up to a few pages, one in eight up to thousands, and one in sixteen any
+    share of the `room` the pools have left: a scheduler admits while the pool has
+    room, so a busy server runs it nearly full and its page ids reach the top of a
+    large pool, where a request of a few thousand tokens never goes."""
+    kind = draw(st.integers(0, 15))
+    if kind == 15 and room > 0:
+        return draw(st.integers(1, room))
+    if kind >= 13:
         return draw(st.integers(1, 4096))
-    if kind < 2:
+    if kind < 4:
         return draw(st.integers(1, max(1, ps // 2)))
     return draw(st.integers(1, 3 * ps + 2))
 
@@ -177,6 +182,10 @@ class LockstepMachine(RuleBasedStateMachine):
         """Maximal runs [lo, hi) of positions from `start` on that are (un)paired."""
         return [(lo + start, hi + start) for lo, hi in runs_of(slots[start:], lambda s: self._paired(s) == paired)]
 
+    def _room(self) -> int:
+        """Tokens the tighter pool has left (the full pool alone in ring mode)."""
+        return self.ls.model.available()
+
     def _own(self, rid: int) -> tuple[int, int]:
         row = self.ls.rows[rid]
         return row.shared, len(row.slots)
@@ -227,9 +236,12 @@ class LockstepMachine(RuleBasedStateMachine):
         self.window = window
         if currently_in_test_context():
             event(f"page_size {config['page_size']}, {config['kind']}{', ring' if config['ring_size'] else ''}, level {config['check_level']}")
-        first = data.draw(st.lists(lengths(self.ls.ps), max_size=4), label="first requests")
-        if first:
-            self._go(Prefill(tuple((self._new_rid(), NEW, 0, n) for n in first)))
+        # One server in four is already busy: dozens of requests running, admitted in
+        # prefill batches as its scheduler forms them.
+        busy = data.draw(st.integers(0, 3), label="busy") == 0
+        first = data.draw(st.lists(lengths(self.ls.ps, self._room()), max_size=48 if busy else 4), label="first requests")
+        for i in range(0, len(first), BATCH_MAX):
+            self._go(Prefill(tuple((self._new_rid(), NEW, 0, n) for n in first[i : i + BATCH_MAX])))
 
     # ------------------------------------------------------- scheduling
     @precondition(lambda self: self.ls is not None)
@@ -247,7 +259,7 @@ class LockstepMachine(RuleBasedStateMachine):
         kinds = ["new"] + (["continue"] if live else []) + (["hit"] if cached else [])
         for _ in range(size):
             kind = data.draw(st.sampled_from(kinds), label="entry kind")
-            add = data.draw(lengths(ps), label="tokens")
+            add = data.draw(lengths(ps, self._room()), label="tokens")
             if kind == "continue" and live:
                 r = data.draw(st.sampled_from(live), label="continuing request")
                 live.remove(r)
@@ -272,7 +284,7 @@ class LockstepMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.ls is not None and self.ls.ps > 1 and not self.ls.pure)
     @rule(data=st.data())
     def admit_tail(self, data):
-        n = data.draw(lengths(self.ls.ps), label="tokens")
+        n = data.draw(lengths(self.ls.ps, self._room()), label="tokens")
         tail = data.draw(st.integers(0, n), label="tail")
         self._go(AdmitTail(self._new_rid(), n, tail))
 
@@ -301,19 +313,41 @@ class LockstepMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def evict(self, data):
         """Window eviction: the SWA KV of a request's positions that left the window,
-        or of any span of its paired positions (page-granular when paged)."""
+        or of any span of its paired positions (page-granular when paged). Or a sweep:
+        after a decode step the scheduler evicts what left the window of every request
+        that has any, one call each."""
+        if data.draw(st.integers(0, 3), label="sweep") == 0:
+            for rid in self._evictable():
+                span = self._window_left(rid, sweep=True) if rid in self.ls.rows else None
+                if span:
+                    self._go(Evict(rid, *span))
+            return
         rid = data.draw(st.sampled_from(self._evictable()), label="request")
         row = self.ls.rows[rid]
         lo, hi = self._runs(row.slots, True, row.shared)[0]
         L = len(row.slots)
         if data.draw(st.booleans(), label="by window"):
-            end = hi if self.ls.ps == 1 else L  # at page size 1 a slot with no peer cannot be evicted
-            hi = min(max(lo + 1, L - self.window), end)
+            lo, hi = self._window_left(rid) or (lo, lo + 1)
         else:
             if self.ls.ps > 1:
                 hi = L  # the allocator evicts whole pages anyway
             hi = data.draw(st.integers(lo + 1, hi), label="evict to")
         self._go(Evict(rid, lo, hi))
+
+    def _window_left(self, rid: int, sweep: bool = False) -> tuple[int, int] | None:
+        """The span of a request's oldest paired positions up to where its window
+        begins (at least one position), or None where it has no paired position; in
+        a sweep, None also where no paired position has left the window."""
+        row = self.ls.rows[rid]
+        runs = self._runs(row.slots, True, row.shared)
+        if not runs:
+            return None
+        lo, hi = runs[0]
+        L = len(row.slots)
+        if sweep and L - self.window <= lo:
+            return None
+        end = hi if self.ls.ps == 1 else L  # at page size 1 a slot with no peer cannot be evicted
+        return lo, min(max(lo + 1, L - self.window), end)
 
     def _aligned_unpaired(self, rid: int) -> list[tuple[int, int]]:
         """Unpaired own runs from their first page boundary on: a load-back starts on a full page."""
@@ -523,7 +557,8 @@ class LockstepMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.ls is not None)
     @rule(data=st.data())
     def empty(self, data):
-        calls = [c for c in EMPTY_CALLS if c != "alloc" or self.ls.ps == 1]
+        ps1 = self.ls.ps == 1
+        calls = [c for c in EMPTY_CALLS if (c not in TOKEN_CALLS or ps1) and (c not in PAGED_CALLS or not ps1)]
         self._go(Empty(data.draw(st.sampled_from(calls), label="call")))
 
     # ------------------------------------------------------------- upkeep
@@ -547,8 +582,11 @@ class LockstepMachine(RuleBasedStateMachine):
             self._go(Clear())
         else:
             m, ps = self.ls.model, self.ls.ps
-            size = data.draw(st.integers(1, m.built_size // ps), label="full pages") * ps
-            size_swa = size if m.pure else data.draw(st.integers(1, m.built_size_swa // ps), label="SWA pages") * ps
+            # As at construction, a size need not be whole pages.
+            spare = data.draw(st.integers(0, ps - 1)) if ps > 1 and data.draw(st.integers(0, 3)) == 0 else 0
+            size = min(m.built_size, data.draw(st.integers(1, m.built_size // ps), label="full pages") * ps + spare)
+            size_swa = size if m.pure else min(
+                m.built_size_swa, data.draw(st.integers(1, m.built_size_swa // ps), label="SWA pages") * ps + spare)
             self._go(Resize(size, size_swa))
 
     # ------------------------------------------------------ contract breaks

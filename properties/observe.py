@@ -20,6 +20,27 @@ def sizes(alloc) -> dict[str, int]:
     }
 
 
+def capacities(alloc) -> dict[str, int]:
+    """The pool sizes the target reports (`size_full`, `size_swa`, `size`), those it has."""
+    out = {}
+    for key in ("size_full", "size_swa", "size"):
+        value = getattr(alloc, key, None)
+        if callable(value):
+            value = value()
+        if isinstance(value, int):
+            out[key] = value
+    return out
+
+
+def outside_group(alloc) -> bool | None:
+    """Older sglang's `is_not_in_free_group` (an attribute there, a property or a
+    method elsewhere), or None where the target has none."""
+    value = getattr(alloc, "is_not_in_free_group", None)
+    if callable(value):
+        value = value()
+    return value if isinstance(value, bool) else None
+
+
 def sub_allocators(alloc) -> list:
     """The full and SWA sub-allocators, once each: pure SWA has one for both."""
     subs = [alloc.full_attn_allocator]
@@ -102,6 +123,9 @@ def resolve(alloc, full_slots: list[int]) -> dict[str, list[int]]:
         out["the KV pool's translate_loc_from_full_to_swa"] = kv.translate_loc_from_full_to_swa(idx).tolist()
     if hasattr(alloc, "translate_loc_from_full_to_swa"):
         out["translate_loc_from_full_to_swa"] = alloc.translate_loc_from_full_to_swa(idx).tolist()
+    # A KV transfer (disaggregated prefill) moves the SWA KV at these slots.
+    if hasattr(alloc, "translate_swa_indices_for_transfer"):
+        out["translate_swa_indices_for_transfer"] = alloc.translate_swa_indices_for_transfer(idx).tolist()
     return out
 
 

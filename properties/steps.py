@@ -258,7 +258,12 @@ STEP_TYPES: dict[str, type[Step]] = {
 # cache: the cache keeps the page-aligned part as an entry, the rest is freed.
 FINISH_HOWS = ("split", "free", "segments", "full_segments", "cache")
 CACHE_CALLS = ("free", "free_swa", "free_full")
-EMPTY_CALLS = ("free", "free_swa", "free_full", "free_segment", "alloc")
+EMPTY_CALLS = (
+    "free", "free_swa", "free_full", "free_segment", "free_full_segment", "free_swa_segment",
+    "alloc", "alloc_extend", "alloc_decode",
+)
+# Of those, the calls that exist at one kind of page size only.
+TOKEN_CALLS, PAGED_CALLS = ("alloc",), ("alloc_extend", "alloc_decode")
 
 
 class StepFormatError(ValueError):

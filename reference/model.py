@@ -168,6 +168,21 @@ class Model:
             "swa_available_size": self.swa_available(),
         }
 
+    def capacities(self) -> dict[str, int]:
+        """What the allocator's size_full, size_swa and size must say: each pool's size
+        in slots since the last resize (in ring mode the SWA side is the request slots'
+        rings, as its available size counts them)."""
+        swa = self.req_slots * self.ring_cost if self.ring else self.size_swa
+        return {"size_full": self.size_full, "size_swa": swa, "size": min(self.size_full, swa)}
+
+    def check_capacities(self, observed: dict[str, int]) -> list[Violation]:
+        """Compare the observed pool sizes (those the target has) with the model's."""
+        return [
+            Violation(names.CAPACITY, f"{key} is {observed[key]}, model says {want}")
+            for key, want in self.capacities().items()
+            if key in observed and observed[key] != want
+        ]
+
     def peer_of(self, full_slot: int) -> int:
         """What mapping[full_slot] must read: the peer, or 0."""
         if self.pure:
