@@ -15,7 +15,8 @@ from impl.kv_pool import SWAKVPool
 from impl.swa import SWATokenToKVPoolAllocator
 from properties.lockstep import LockstepFailure, replay
 from properties.steps import (
-    NEW, CacheFree, Decode, Empty, Evict, Finish, Prefill, Resume, Retract, StepFormatError,
+    NEW, CacheFree, Decode, Empty, Evict, Finish, GroupBegin, Prefill, Resize, Resume, Retract,
+    StepFormatError,
 )
 from properties.targets import resolve
 from reference import names
@@ -79,6 +80,13 @@ SCENARIOS = {
     "empty calls": (hybrid(1), [Empty("free"), Empty("free_swa"), Empty("free_full"), Empty("free_segment"), Empty("alloc")], {
         "empty call": 5,
     }),
+    "empty paged calls": (hybrid(4), [
+        Prefill(((0, NEW, 0, 5),)),
+        Empty("alloc_extend"), Empty("alloc_decode"), Empty("free_full_segment"), Empty("free_swa_segment"),
+    ], {
+        "prefill: new request": 1,
+        "empty call": 4,
+    }),
 }
 
 
@@ -138,7 +146,49 @@ def _int32(config):
     return a
 
 
+class _ResizeKeepsSize(SWATokenToKVPoolAllocator):
+    """resize() shrinks the pools but size_full still reports the built size."""
+
+    def resize(self, config):
+        built = self._size_full
+        super().resize(config)
+        self._size_full = built
+
+
+class _TransferUntranslated(SWATokenToKVPoolAllocator):
+    """A KV transfer is handed the full slot ids instead of their SWA peers."""
+
+    def translate_swa_indices_for_transfer(self, kv_indices):
+        return kv_indices
+
+
+class _GroupFlagStale(SWATokenToKVPoolAllocator):
+    """is_not_in_free_group answers as if no group were ever opened."""
+
+    is_not_in_free_group = True
+
+
+class _EmptyDecodeNone(SWATokenToKVPoolAllocator):
+    """A decode batch of no requests returns None, as if a pool were short."""
+
+    def alloc_decode(self, seq_lens, seq_lens_cpu, last_loc):
+        return None if len(seq_lens) == 0 else super().alloc_decode(seq_lens, seq_lens_cpu, last_loc)
+
+
+def _rebound(cls):
+    def make(config):
+        a = make_allocator(config)
+        a.__class__ = cls
+        return a
+
+    return make
+
+
 @pytest.mark.parametrize("target, config, steps, invariant", [
+    (_rebound(_ResizeKeepsSize), hybrid(4), [Prefill(((0, NEW, 0, 5),)), Resize(32, 32)], names.CAPACITY),
+    (_rebound(_TransferUntranslated), hybrid(1), [Prefill(((0, NEW, 0, 3), (1, NEW, 0, 2))), Finish(0, "free")], names.KV_RESOLVE),
+    (_rebound(_GroupFlagStale), hybrid(1), [Prefill(((0, NEW, 0, 3),)), GroupBegin(), Finish(0, "free")], names.GROUP_DEFERRED),
+    (_rebound(_EmptyDecodeNone), hybrid(4), [Empty("alloc_decode")], names.CAPACITY),
     (_load_skips_swa, hybrid(1), [Prefill(((0, NEW, 0, 3),)), Retract((0,)), Prefill(((1, NEW, 0, 3),)), Resume((0,))], names.KV_INTEGRITY),
     (_stale_mapping, hybrid(1), [Prefill(((0, NEW, 0, 3),))], names.KV_RESOLVE),
     (_int32, hybrid(1), [Prefill(((0, NEW, 0, 2),))], names.DTYPE),
