@@ -878,7 +878,8 @@ SCHEDULER_WORKLOAD: frozenset[str] = frozenset({
 # with random seeds).
 EXPECTED: dict[str, tuple[str, ...]] = {
     "group_raw_full_first": ("map.live", "alloc.atomic", "group.deferred"),
-    "free_swa_token_only": ("map.live",),
+    # pool.no_leak: a later segment finish of the page's other tokens meets the stale peers
+    "free_swa_token_only": ("map.live", "pool.no_leak"),
     "seed_tail_zero_stale": ("map.live",),
     "release_padding": ("pool.padding_reserved", "crash"),  # crash: the allocator's own capacity assert trips first
     "group_holds_view": ("pool.padding_reserved", "group.deferred", "crash"),  # crash: the flush's own assert
@@ -888,7 +889,8 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     "expand_drops_page": ("pool.no_leak", "map.live", "swa.peer_released"),
     # swa.peer_mapped: a legal segment free meets the neighbour slot whose peer was taken
     "expand_adds_neighbour": ("map.sentinel", "pool.no_double_ownership", "map.live", "swa.peer_mapped"),
-    "ring_counts_all_slots": ("pool.capacity", "alloc.atomic"),
+    # group.deferred: the over-credited size seen inside an open group (more than the model there)
+    "ring_counts_all_slots": ("pool.capacity", "alloc.atomic", "group.deferred"),
     "ring_cost_unrounded": ("pool.capacity",),
     "seed_decode_not_atomic": ("alloc.atomic",),
     "seed_tail_packed": ("alloc.layout",),

@@ -1489,12 +1489,24 @@ class Lockstep:
         self._page_ids_call(f"free_page_ids({pages}) ({kind})", pages, [], contract)
 
 
-def replay(config: dict, steps: list[Step], target, census_every: int = 16, started=None, skip_device_asserts=False) -> Lockstep:
+def census_every_for(config: dict, base: int = 16) -> int:
+    """Steps between periodic censuses for this configuration: `base`, and 16 times
+    that above LARGE_POOL_PAGES full pages, where the census is a cost the step budget
+    cannot carry (per-step checks still cover what each call touched). The machine
+    and every replay keep the same schedule, so a trace trips the invariant it was
+    found with."""
+    pages = int(config["size"]) // int(config["page_size"])
+    return base if pages <= LARGE_POOL_PAGES else base * 16
+
+
+def replay(config: dict, steps: list[Step], target, census_every: int | None = None, started=None, skip_device_asserts=False) -> Lockstep:
     """Run a whole trace and the closing census; raises LockstepFailure on a divergence,
     StepFormatError (with `.index`) on a step that cannot apply. `started(ls)`, when
     given, sees the driver before the first step (to read it after a failure).
     A replay sends even a break whose guard kills the process (it runs in a child
     process); `skip_device_asserts=None` holds those back as the machine does."""
+    if census_every is None:
+        census_every = census_every_for(config)
     ls = Lockstep(config, target, census_every=census_every, skip_device_asserts=skip_device_asserts)
     if started is not None:
         started(ls)

@@ -24,7 +24,7 @@ from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from properties.differential import Differential
-from properties.lockstep import LARGE_POOL_PAGES, RELEASED, Lockstep, runs_of
+from properties.lockstep import RELEASED, Lockstep, census_every_for, runs_of
 from properties.steps import (
     BREAKS, EMPTY_CALLS, GUARD_BREAKS, NEW, OTHER_BREAKS, PAGE_ID_BREAKS, PAGED_CALLS, TOKEN_CALLS, AdmitTail, Break, CacheFree, Clear, Decode,
     DropTail, Empty, EvictSegment, FreePages,
@@ -42,9 +42,6 @@ PAGE_SIZES = (1, 1, 1, 1, 2, 4, 8, 16, 64, 256)
 # Pools: a few pages (they run out), a serving pool, production scale.
 SCALES = ("tiny", "tiny", "tiny", "medium", "large")
 LARGE_SLOTS = 131072  # > 70,000 pages at page size 1
-# Above this many pages the periodic census is a cost the step budget cannot carry:
-# per-step checks stay (they cover what each call touched), the census runs rarely.
-CENSUS_PAGES = LARGE_POOL_PAGES
 BATCH_MAX = 16
 DECODE_MAX = 64
 
@@ -219,8 +216,7 @@ class LockstepMachine(RuleBasedStateMachine):
         whose swarm switched admission off still has rows to work on."""
         cls = type(self)
         config = data.draw(configs(self.device, cls.fixed), label="config")
-        pages = config["size"] // config["page_size"]
-        census = cls.census_every if pages <= CENSUS_PAGES else cls.census_every * 16
+        census = census_every_for(config, cls.census_every)
         try:
             if cls.peer is None:
                 self.ls = Lockstep(config, cls.target, census_every=census)

@@ -191,14 +191,16 @@ def test_free_dedups_adjacent_only():
 
 
 def test_free_list_narrowed():
-    results = []
-    for a in both("free_list_narrowed", {"kind": "hybrid", "size": 100_000, "page_size": 1}):
+    impl, variant = both("free_list_narrowed", {"kind": "hybrid", "size": 100_000, "page_size": 1})
+    for a in (impl, variant):
         first = a.alloc(32_767)
-        nxt = a.alloc(2)
-        results.append((first.min().item(), first.max().item(), nxt.tolist()))
-    impl, variant = results
-    assert impl == (1, 32_767, [32_768, 32_769])
-    assert variant[:2] == (1, 32_767) and variant[2] == [-32_768, -32_767]
+        assert (first.min().item(), first.max().item()) == (1, 32_767)
+    assert impl.alloc(2).tolist() == [32_768, 32_769]
+    # The variant's free list wrapped past 32,767: its next ids are negative, and the
+    # hybrid's mapping write (a scatter, which checks its indices) refuses them.
+    assert variant.full_attn_allocator.alloc(2).tolist() == [-32_768, -32_767]
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        variant.alloc(2)
 
 
 # ---------------------------------------------------------------- (f) the hybrid's own entry points
