@@ -228,6 +228,15 @@ class _Retracted:
     paired: list[bool]  # per own position: whether it held SWA KV when copied
 
 
+def _same_device(named, device: torch.device) -> bool:
+    """Whether a device a target names ("cuda", "cuda:0", a torch.device) is `device`;
+    a name without an index means the current one."""
+    if named is None:
+        return False
+    d = torch.device(named)
+    return d.type == device.type and (d.index is None or device.index is None or d.index == device.index)
+
+
 def bucket(n: int) -> str:
     """Batch-size bucket for the coverage table."""
     return "1" if n <= 1 else "2-4" if n <= 4 else "5-16" if n <= 16 else "17+"
@@ -566,12 +575,47 @@ class Lockstep:
             v.append(Violation(names.GROUP_DEFERRED, f"is_not_in_free_group is {outside} while free_group is {'open' if open_now else 'closed'}"))
         if open_now != self.model.group_open:
             v.append(Violation(names.GROUP_DEFERRED, f"the allocator's free group is {'open' if open_now else 'closed'}, the model's {'open' if self.model.group_open else 'closed'}"))
+        v += self._check_subs()
         if not v and not self.ring:
             v += self._check_resolve(sorted(self.model.full.live))
         model_errors = self.model.self_check()
         if model_errors:  # the model itself broke SPEC 3.1: a harness bug, said as such
             v += [Violation(x.invariant, f"reference model inconsistent: {x.detail}") for x in model_errors]
         return v
+
+    def _check_subs(self) -> list[Violation]:
+        """Each sub-allocator describes the pool it serves as the hybrid does: its size
+        and page count (pool.capacity), the hybrid's dtype and device (alloc.dtype), and
+        the KV sub-pool its slots index (kv.resolve)."""
+        a, m = self.alloc, self.model
+        kv = a.get_kvcache() if callable(getattr(a, "get_kvcache", None)) else None
+        # Ring mode sizes the SWA side by request slots; its sub-allocator keeps the
+        # token count the pool was given, which no caller reads as capacity.
+        sides = [("full_attn_allocator", a.full_attn_allocator, m.size_full, "full_kv_pool")]
+        if not self.pure:
+            sides.append(("swa_attn_allocator", a.swa_attn_allocator, None if self.ring else m.size_swa, "swa_kv_pool"))
+        else:
+            sides = [("swa_attn_allocator", a.swa_attn_allocator, m.size_full, "swa_kv_pool")]
+        want_dtype = getattr(a, "dtype", None)
+        out = []
+        for name, sub, size, pool in sides:
+            facts = observe.sub_facts(sub)
+            wants = {"page_size": self.ps}
+            if size is not None:
+                wants["size"] = size
+                if self.ps > 1:
+                    wants["num_pages"] = size // self.ps
+            for key, want in wants.items():
+                if key in facts and facts[key] != want:
+                    out.append(Violation(names.CAPACITY, f"{name}.{key} is {facts[key]}, the model says {want}"))
+            if want_dtype is not None and "dtype" in facts and facts["dtype"] != want_dtype:
+                out.append(Violation(names.DTYPE, f"{name}.dtype is {facts['dtype']}, the allocator's is {want_dtype}"))
+            if "device" in facts and not _same_device(facts["device"], self.device):
+                out.append(Violation(names.DTYPE, f"{name}.device is {facts['device']}, the allocator's is {self.device}"))
+            sub_pool = getattr(kv, pool, None)
+            if sub_pool is not None and "kvcache" in facts and facts["kvcache"] is not sub_pool:
+                out.append(Violation(names.KV_RESOLVE, f"{name}.get_kvcache() is not the KV pool's {pool}: its slots index another pool"))
+        return out
 
     def census(self) -> None:
         try:
@@ -1008,6 +1052,9 @@ class Lockstep:
             self.model.req_free_slot(row.req_slot)
             row.req_slot = None
         if keep:
+            # A radix cache keeps an int64 copy of the row (sglang's cache_finished_req),
+            # and its evictions free views of that copy, which it later overwrites.
+            row.buf = row.buf[:keep].to(torch.int64, copy=True)
             self.cache[rid] = row
 
     def _retire(self, rid: int) -> None:

@@ -49,6 +49,23 @@ def sub_allocators(alloc) -> list:
     return subs
 
 
+def sub_facts(sub) -> dict[str, object]:
+    """What a sub-allocator says of the pool it serves, those of `size`, `num_pages`,
+    `page_size`, `dtype`, `device` and `get_kvcache()` it has: sglang code reads them
+    on the sub-allocators directly, not only through the hybrid."""
+    out: dict[str, object] = {}
+    for key in ("size", "num_pages", "page_size"):
+        value = getattr(sub, key, None)
+        if isinstance(value, int):
+            out[key] = value
+    for key in ("dtype", "device"):
+        if hasattr(sub, key):
+            out[key] = getattr(sub, key)
+    if callable(getattr(sub, "get_kvcache", None)):
+        out["kvcache"] = sub.get_kvcache()
+    return out
+
+
 def free_page_tensor(sub) -> torch.Tensor:
     """Free and staged pages (slots at page_size 1) of one sub-allocator, as one int64
     tensor on its device: for whole-pool comparisons that stay vectorized.

@@ -175,6 +175,34 @@ class _EmptyDecodeNone(SWATokenToKVPoolAllocator):
         return None if len(seq_lens) == 0 else super().alloc_decode(seq_lens, seq_lens_cpu, last_loc)
 
 
+class _ResizeKeepsSubSize(SWATokenToKVPoolAllocator):
+    """resize() shrinks the hybrid's own sizes and free lists, but the SWA
+    sub-allocator still reports the size and page count it was built with."""
+
+    def resize(self, config):
+        sub = self.swa_attn_allocator
+        size, pages = sub.size, getattr(sub, "num_pages", None)
+        super().resize(config)
+        sub.size = size
+        if pages is not None:
+            sub.num_pages = pages
+
+
+def _sub_fact(side: str, **facts):
+    """The impl with one sub-allocator's attributes changed after construction."""
+    def make(config):
+        a = make_allocator(config)
+        sub = getattr(a, side)
+        for key, value in facts.items():
+            if key == "kvcache":
+                sub._kvcache = value(a)
+            else:
+                setattr(sub, key, value)
+        return a
+
+    return make
+
+
 def _rebound(cls):
     def make(config):
         a = make_allocator(config)
@@ -192,6 +220,10 @@ def _rebound(cls):
     (_load_skips_swa, hybrid(1), [Prefill(((0, NEW, 0, 3),)), Retract((0,)), Prefill(((1, NEW, 0, 3),)), Resume((0,))], names.KV_INTEGRITY),
     (_stale_mapping, hybrid(1), [Prefill(((0, NEW, 0, 3),))], names.KV_RESOLVE),
     (_int32, hybrid(1), [Prefill(((0, NEW, 0, 2),))], names.DTYPE),
+    (_rebound(_ResizeKeepsSubSize), hybrid(4), [Prefill(((0, NEW, 0, 5),)), Resize(32, 24)], names.CAPACITY),
+    (_sub_fact("full_attn_allocator", dtype=torch.float16), hybrid(1), [Prefill(((0, NEW, 0, 2),))], names.DTYPE),
+    (_sub_fact("swa_attn_allocator", device="meta"), hybrid(4), [Prefill(((0, NEW, 0, 2),))], names.DTYPE),
+    (_sub_fact("swa_attn_allocator", kvcache=lambda a: a.get_kvcache().full_kv_pool), hybrid(2), [Prefill(((0, NEW, 0, 2),))], names.KV_RESOLVE),
 ])
 def test_driver_names_the_fault(target, config, steps, invariant):
     with pytest.raises(LockstepFailure) as info:
