@@ -21,6 +21,7 @@ import torch
 
 from impl import config as config_schema
 from properties import observe
+from properties.targets import builds_every_configuration
 from properties.steps import (
     NEW, PAGE_ID_BREAKS, PAGED_CALLS, Admit, AdmitTail, Break, CacheFree, Clear, Decode, DropTail, Empty, Evict,
     EvictSegment, Extend, Finish, FreePages, GroupBegin, GroupEnd, MergeSort, Prefill, Repair, Resize,
@@ -328,7 +329,9 @@ class Lockstep:
         c = self.config
         try:
             self.alloc = self.target(target_config(c))
-        except NotImplementedError:
+        except NotImplementedError as e:
+            if builds_every_configuration(self.target):
+                raise TargetCrash(f"building the allocator for {c}, which it declares it builds", e) from e
             raise  # SPEC 4.3: a configuration the target does not build
         except Exception as e:
             raise TargetCrash(f"building the allocator for {c}", e) from e

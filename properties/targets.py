@@ -24,6 +24,18 @@ def _bundled(config: dict):
     return make_allocator(config)
 
 
+# The bundled impl builds every configuration the workload draws, so a
+# NotImplementedError from it is a fault, never a configuration to skip.
+_bundled.builds_every_configuration = True
+
+
+def builds_every_configuration(target: Target) -> bool:
+    """Whether a target declares it builds every configuration of SPEC 4.3: its
+    NotImplementedError is then a failure, not a skip (SPEC 4.3's skip is for
+    targets that say what they do not build by raising it)."""
+    return bool(getattr(target, "builds_every_configuration", False))
+
+
 def unrefused_breaks(target: Target) -> frozenset[str]:
     """The SPEC 3.2 breaks a target declares it does not refuse (SPEC 4.7): the
     harness never sends them to it."""

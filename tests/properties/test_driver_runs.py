@@ -108,3 +108,32 @@ def test_differential_exposes_side_a_read_only_and_closes_both():
     d.close()
     assert d.a.index == d.b.index == 1
     assert not hasattr(Differential, "__getattr__")
+
+
+RING = {"kind": "hybrid", "size": 64, "size_swa": 32, "page_size": 4, "ring_size": 4, "req_slots": 4}
+
+
+def _refuses_ring(config):
+    if config.get("ring_size") is not None:
+        raise NotImplementedError("no ring mode here")
+    return make_allocator(config)
+
+
+def test_a_target_that_does_not_build_a_configuration_is_skipped_there():
+    """SPEC 4.3: a factory's NotImplementedError says what it does not build."""
+    with pytest.raises(NotImplementedError, match="no ring mode"):
+        replay(RING, [], _refuses_ring)
+
+
+def test_the_bundled_impl_may_not_refuse_a_configuration():
+    """The impl declares it builds every configuration: a NotImplementedError from it
+    (a mutated ring check, say) is a failure, not a configuration skipped unseen."""
+    assert resolve("impl").builds_every_configuration
+
+    def impl_refusing_ring(config):
+        return _refuses_ring(config)
+
+    impl_refusing_ring.builds_every_configuration = True
+    with pytest.raises(TargetCrash, match="declares it builds"):
+        replay(RING, [], impl_refusing_ring)
+    replay(RING, [Admit(((0, 3),))], resolve("impl"))
