@@ -1399,7 +1399,8 @@ class Lockstep:
         if kind in PAGE_ID_BREAKS:
             self._break_page_ids(step)
             return
-        if kind in ("nested_group", "tail_batch", "tail_long", "paged_on_token", "alloc_on_paged", "resize_grow", "never_allocated", "double_free"):
+        if kind in ("nested_group", "tail_batch", "tail_long", "paged_on_token", "decode_on_token", "tail_on_token",
+                    "pair_on_pure", "unpair_on_pure", "alloc_on_paged", "resize_grow", "never_allocated", "double_free"):
             row = None
         else:
             row = self._row(step.rid)
@@ -1447,6 +1448,21 @@ class Lockstep:
         elif kind == "paged_on_token":
             what, contract = "alloc_extend", m.classify_paged("alloc_extend")
             fn = lambda: a.alloc_extend(t([0]), t([0], True), t([1]), t([1], True), t([-1]), 1)
+        elif kind == "decode_on_token":
+            what, contract = "alloc_decode", m.classify_paged("alloc_decode")
+            fn = lambda: a.alloc_decode(t([1]), t([1], True), t([-1]))
+        elif kind == "tail_on_token":
+            what, contract = "alloc_extend_swa_tail", m.classify_tail([0], [2], 2, 1)
+            fn = lambda: a.alloc_extend_swa_tail(t([0]), t([0], True), t([2]), t([2], True), t([-1]), 2, 1)
+        elif kind in ("pair_on_pure", "unpair_on_pure"):
+            # Slot 1 pointing at itself: what the identity mapping already holds, so
+            # only the refusal tells a rewrite apart.
+            what = "set_full_to_swa_mapping" if kind == "pair_on_pure" else "clear_full_to_swa_mapping"
+            contract = m.classify_mapping(what)
+            if kind == "pair_on_pure":
+                fn = lambda: a.set_full_to_swa_mapping(t([1]), t([1]))
+            else:
+                fn = lambda: a.clear_full_to_swa_mapping(t([1]))
         elif kind == "alloc_on_paged":
             what, contract = "alloc", m.classify_alloc(ps)
             fn = lambda: a.alloc(ps)

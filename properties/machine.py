@@ -625,8 +625,10 @@ class LockstepMachine(RuleBasedStateMachine):
                 ok = m.group_open
             elif kind in ("tail_batch", "tail_long"):
                 ok = ls.ps > 1 and hybrid
-            elif kind == "paged_on_token":
+            elif kind in ("paged_on_token", "decode_on_token", "tail_on_token"):
                 ok = ls.ps == 1
+            elif kind in ("pair_on_pure", "unpair_on_pure"):
+                ok = m.pure
             elif kind == "alloc_on_paged":
                 ok = ls.ps > 1
             elif kind == "double_free":

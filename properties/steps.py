@@ -201,6 +201,10 @@ BREAKS: dict[str, str] = {
     "tail_batch": "error",  # alloc_extend_swa_tail with two requests
     "tail_long": "error",  # alloc_extend_swa_tail with a tail longer than the extend
     "paged_on_token": "error",  # alloc_extend at page_size 1
+    "decode_on_token": "error",  # alloc_decode at page_size 1
+    "tail_on_token": "error",  # alloc_extend_swa_tail at page_size 1
+    "pair_on_pure": "error",  # set_full_to_swa_mapping on a pure SWA allocator (identity mapping)
+    "unpair_on_pure": "error",  # clear_full_to_swa_mapping on a pure SWA allocator
     "alloc_on_paged": "error",  # alloc(n) on a paged hybrid allocator
     "resize_grow": "error",  # resize above the built size
     # sglang 0.5.23's free_page_ids: unnoticed, except that its debug mode refuses them.

@@ -221,6 +221,13 @@ class Model:
             return Contract("paged.token", names.ERROR, f"{call} on page_size 1")
         return None
 
+    def classify_mapping(self, call: str) -> Contract | None:
+        """set_full_to_swa_mapping / clear_full_to_swa_mapping: a pure SWA allocator's
+        mapping is the identity and is never rewritten (SPEC 2.7)."""
+        if self.pure:
+            return Contract("pure.mapping", names.ERROR, f"{call} on a pure SWA allocator")
+        return None
+
     def classify_continuation(self, prefix_lens: list[int], last_locs: list[int]) -> Contract | None:
         """A row continued mid-page must still have an SWA peer at its last position, at
         its full slot's in-page offset. The allocator only lays peers out that way, so
@@ -422,8 +429,9 @@ class Model:
 
     def classify_repair(self, full_slots: list[int]) -> Contract | None:
         """A re-pair (set_full_to_swa_mapping onto fresh SWA slots) of these full slots."""
-        if self.pure:
-            return Contract("pure.mapping", names.ERROR, "a pure SWA allocator has no mapping to rewrite")
+        c = self.classify_mapping("set_full_to_swa_mapping")
+        if c:
+            return c
         bad = [f for f in full_slots if f not in self.full.live or f in self.peer]
         if bad or len(set(full_slots)) != len(full_slots):
             return Contract("pair.taken", names.UNNOTICED, f"full slots {bad[:4]} not in use, already paired, or named twice")

@@ -5,7 +5,7 @@ the differential driver's explicit attributes."""
 import pytest
 
 from impl import make_allocator
-from impl.swa import SWATokenToKVPoolAllocator
+from impl.swa import PureSWATokenToKVPoolAllocator, SWATokenToKVPoolAllocator
 from properties.differential import Differential
 from properties.lockstep import HarnessError, Lockstep, LockstepFailure, Observer, TargetCrash, observing, replay
 from properties.steps import Admit, Break, Decode, Evict, Finish
@@ -137,3 +137,36 @@ def test_the_bundled_impl_may_not_refuse_a_configuration():
     with pytest.raises(TargetCrash, match="declares it builds"):
         replay(RING, [], impl_refusing_ring)
     replay(RING, [Admit(((0, 3),))], resolve("impl"))
+
+
+class _PureRewritesMapping(PureSWATokenToKVPoolAllocator):
+    """A pure SWA allocator that lets the hybrid's mapping rewrites through instead
+    of refusing them (SPEC 2.7)."""
+
+    set_full_to_swa_mapping = SWATokenToKVPoolAllocator.set_full_to_swa_mapping
+    clear_full_to_swa_mapping = SWATokenToKVPoolAllocator.clear_full_to_swa_mapping
+
+
+def _pure_rewrites(config):
+    a = make_allocator(config)
+    a.__class__ = _PureRewritesMapping
+    return a
+
+
+PURE = {"kind": "pure_swa", "size": 32, "size_swa": 32, "page_size": 1, "check_level": "strict"}
+
+
+@pytest.mark.parametrize("kind, contract", [
+    ("pair_on_pure", "pure.mapping"), ("unpair_on_pure", "pure.mapping"),
+    ("paged_on_token", "pure.paged"), ("decode_on_token", "pure.paged"), ("tail_on_token", "pure.paged"),
+])
+def test_pure_swa_refuses_mapping_rewrites_and_paged_calls(kind, contract):
+    ls = replay(PURE, [Admit(((0, 3),)), Break(kind)], resolve("impl"))
+    assert ls.labels[f"contract refused: {contract}"] == 1
+
+
+@pytest.mark.parametrize("kind", ["pair_on_pure", "unpair_on_pure"])
+def test_a_pure_swa_mapping_rewrite_let_through_is_named(kind):
+    with pytest.raises(LockstepFailure) as info:
+        replay(PURE, [Admit(((0, 3),)), Break(kind)], _pure_rewrites)
+    assert info.value.invariant == "contract.pure.mapping"
