@@ -238,6 +238,20 @@ def _same_device(named, device: torch.device) -> bool:
     return d.type == device.type and (d.index is None or device.index is None or d.index == device.index)
 
 
+def _index_tensor_fault(res, device: torch.device, n: int) -> str | None:
+    """What is wrong with an index tensor a call returned (int64, on `device`, shape
+    (n,)), or None."""
+    if not isinstance(res, torch.Tensor):
+        return f"a {type(res).__name__}, not a tensor"
+    if res.dtype != torch.int64:
+        return f"dtype {res.dtype}, want torch.int64"
+    if res.device != device:
+        return f"device {res.device}, want {device}"
+    if tuple(res.shape) != (n,):
+        return f"shape {tuple(res.shape)}, want ({n},)"
+    return None
+
+
 def bucket(n: int) -> str:
     """Batch-size bucket for the coverage table."""
     return "1" if n <= 1 else "2-4" if n <= 4 else "5-16" if n <= 16 else "17+"
@@ -483,12 +497,21 @@ class Lockstep:
 
     def _check_resolve(self, full_slots: list[int]) -> list[Violation]:
         """kv.resolve: the SWA slot attention reads for each full slot, through the
-        KV pool and through the allocator's translate, is the model's peer."""
-        full_slots = [f for f in full_slots if 0 < f < self.model.mapping_len - 1]
+        KV pool and through the allocator's translate, is the model's peer; a last_loc
+        of -1 (no prefix) translates to -1 (map.sentinel); each result is an int64
+        tensor on the allocator's device with one entry per index (alloc.dtype)."""
+        full_slots = [f for f in full_slots if 0 < f < self.model.mapping_len - 1] + [-1]
         out = []
-        for via, got in observe.resolve(self.alloc, full_slots).items():
+        for via, res in observe.resolve(self.alloc, full_slots).items():
             self._cover("translate_loc_from_full_to_swa", f"via {via}")
-            for f, g in zip(full_slots, got):
+            bad = _index_tensor_fault(res, self.device, len(full_slots))
+            if bad:
+                out.append(Violation(names.DTYPE, f"{via} returned {bad}"))
+                continue
+            got = res.tolist()
+            if got[-1] != -1:
+                out.append(Violation(names.SENTINEL, f"{via}(-1) reads {got[-1]}, not -1: a request with no prefix has no last slot"))
+            for f, g in zip(full_slots[:-1], got):
                 want = self.model.peer_of(f)
                 if g != want:
                     out.append(Violation(names.KV_RESOLVE, f"{via}({f}) reads SWA slot {g}, the model says {want}"))
@@ -745,15 +768,7 @@ class Lockstep:
         device, one-dimensional with one entry per position asked for."""
         if res is None:
             return
-        bad = None
-        if not isinstance(res, torch.Tensor):
-            bad = f"a {type(res).__name__}, not a tensor"
-        elif res.dtype != torch.int64:
-            bad = f"dtype {res.dtype}, want torch.int64"
-        elif res.device != self.device:
-            bad = f"device {res.device}, want {self.device}"
-        elif tuple(res.shape) != (n,):
-            bad = f"shape {tuple(res.shape)}, want ({n},)"
+        bad = _index_tensor_fault(res, self.device, n)
         if bad:
             self._fail(Violation(names.DTYPE, f"{what} returned {bad}"))
 

@@ -126,10 +126,11 @@ def peers(alloc, full_slots: list[int]) -> list[int]:
     return [next(got) if 0 <= f < n else OUTSIDE for f in full_slots]
 
 
-def resolve(alloc, full_slots: list[int]) -> dict[str, list[int]]:
+def resolve(alloc, full_slots: list[int]) -> dict[str, torch.Tensor]:
     """Where attention reads the SWA KV of these full slots: through the KV pool's
-    registered mapping and through the allocator's own translate. Empty where the
-    target has neither (a target without an SWA KV pool)."""
+    registered mapping and through the allocator's own translate, as each returns
+    it (a tensor, compared for dtype, device and shape too). Empty where the target
+    has neither (a target without an SWA KV pool)."""
     if not full_slots:
         return {}
     out = {}
@@ -137,12 +138,12 @@ def resolve(alloc, full_slots: list[int]) -> dict[str, list[int]]:
     idx = torch.tensor(full_slots, dtype=torch.int64, device=m.device)
     kv = alloc.get_kvcache() if hasattr(alloc, "get_kvcache") else None
     if hasattr(kv, "translate_loc_from_full_to_swa"):
-        out["the KV pool's translate_loc_from_full_to_swa"] = kv.translate_loc_from_full_to_swa(idx).tolist()
+        out["the KV pool's translate_loc_from_full_to_swa"] = kv.translate_loc_from_full_to_swa(idx)
     if hasattr(alloc, "translate_loc_from_full_to_swa"):
-        out["translate_loc_from_full_to_swa"] = alloc.translate_loc_from_full_to_swa(idx).tolist()
+        out["translate_loc_from_full_to_swa"] = alloc.translate_loc_from_full_to_swa(idx)
     # A KV transfer (disaggregated prefill) moves the SWA KV at these slots.
     if hasattr(alloc, "translate_swa_indices_for_transfer"):
-        out["translate_swa_indices_for_transfer"] = alloc.translate_swa_indices_for_transfer(idx).tolist()
+        out["translate_swa_indices_for_transfer"] = alloc.translate_swa_indices_for_transfer(idx)
     return out
 
 

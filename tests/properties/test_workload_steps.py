@@ -188,6 +188,20 @@ class _ResizeKeepsSubSize(SWATokenToKVPoolAllocator):
             sub.num_pages = pages
 
 
+class _TranslateInt32(SWATokenToKVPoolAllocator):
+    """translate_loc_from_full_to_swa hands attention int32 slot ids."""
+
+    def translate_loc_from_full_to_swa(self, kv_indices):
+        return super().translate_loc_from_full_to_swa(kv_indices).to(torch.int32)
+
+
+class _TransferClampsNoPrefix(SWATokenToKVPoolAllocator):
+    """A KV transfer's translation clamps ids below 1, so a last_loc of -1 reads slot 0."""
+
+    def translate_swa_indices_for_transfer(self, kv_indices):
+        return super().translate_swa_indices_for_transfer(kv_indices).clamp(min=0)
+
+
 def _sub_fact(side: str, **facts):
     """The impl with one sub-allocator's attributes changed after construction."""
     def make(config):
@@ -220,6 +234,8 @@ def _rebound(cls):
     (_load_skips_swa, hybrid(1), [Prefill(((0, NEW, 0, 3),)), Retract((0,)), Prefill(((1, NEW, 0, 3),)), Resume((0,))], names.KV_INTEGRITY),
     (_stale_mapping, hybrid(1), [Prefill(((0, NEW, 0, 3),))], names.KV_RESOLVE),
     (_int32, hybrid(1), [Prefill(((0, NEW, 0, 2),))], names.DTYPE),
+    (_rebound(_TranslateInt32), hybrid(1), [Prefill(((0, NEW, 0, 2),))], names.DTYPE),
+    (_rebound(_TransferClampsNoPrefix), hybrid(4), [Prefill(((0, NEW, 0, 2),))], names.SENTINEL),
     (_rebound(_ResizeKeepsSubSize), hybrid(4), [Prefill(((0, NEW, 0, 5),)), Resize(32, 24)], names.CAPACITY),
     (_sub_fact("full_attn_allocator", dtype=torch.float16), hybrid(1), [Prefill(((0, NEW, 0, 2),))], names.DTYPE),
     (_sub_fact("swa_attn_allocator", device="meta"), hybrid(4), [Prefill(((0, NEW, 0, 2),))], names.DTYPE),
