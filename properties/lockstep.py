@@ -624,6 +624,8 @@ class Lockstep:
             sides = [("swa_attn_allocator", a.swa_attn_allocator, m.size_full, "swa_kv_pool")]
         want_dtype = getattr(a, "dtype", None)
         out = []
+        if hasattr(a, "device") and not _same_device(a.device, self.device):
+            out.append(Violation(names.DTYPE, f"the allocator's device is {a.device}, its mapping is on {self.device}"))
         for name, sub, size, pool in sides:
             facts = observe.sub_facts(sub)
             wants = {"page_size": self.ps}

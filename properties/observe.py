@@ -27,7 +27,9 @@ def capacities(alloc) -> dict[str, int]:
         value = getattr(alloc, key, None)
         if callable(value):
             value = value()
-        if isinstance(value, int):
+        # A size that is not an int (a float from a true division, say) is still
+        # a size the target reports, and must be the model's.
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
             out[key] = value
     return out
 

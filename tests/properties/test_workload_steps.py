@@ -202,6 +202,14 @@ class _TransferClampsNoPrefix(SWATokenToKVPoolAllocator):
         return super().translate_swa_indices_for_transfer(kv_indices).clamp(min=0)
 
 
+class _SizeSwaHalved(SWATokenToKVPoolAllocator):
+    """size_swa from a true division: a float, and half of what the pool holds."""
+
+    @property
+    def size_swa(self):
+        return self._size_swa / 2
+
+
 def _sub_fact(side: str, **facts):
     """The impl with one sub-allocator's attributes changed after construction."""
     def make(config):
@@ -236,6 +244,7 @@ def _rebound(cls):
     (_int32, hybrid(1), [Prefill(((0, NEW, 0, 2),))], names.DTYPE),
     (_rebound(_TranslateInt32), hybrid(1), [Prefill(((0, NEW, 0, 2),))], names.DTYPE),
     (_rebound(_TransferClampsNoPrefix), hybrid(4), [Prefill(((0, NEW, 0, 2),))], names.SENTINEL),
+    (_rebound(_SizeSwaHalved), hybrid(4), [Prefill(((0, NEW, 0, 2),))], names.CAPACITY),
     (_rebound(_ResizeKeepsSubSize), hybrid(4), [Prefill(((0, NEW, 0, 5),)), Resize(32, 24)], names.CAPACITY),
     (_sub_fact("full_attn_allocator", dtype=torch.float16), hybrid(1), [Prefill(((0, NEW, 0, 2),))], names.DTYPE),
     (_sub_fact("swa_attn_allocator", device="meta"), hybrid(4), [Prefill(((0, NEW, 0, 2),))], names.DTYPE),
