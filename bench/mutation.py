@@ -1,7 +1,7 @@
 """Mutation score of the lockstep property over impl/ (SPEC 4.6; a benchmark, not CI).
 
     python bench/mutation.py [--examples N] [--files paged token ...] [--max-children K]
-                             [--every N] [--fresh] [--report-only]
+                             [--every N] [--fresh] [--report-only] [--gaps | --survivors]
 
 Runs mutmut (configured in pyproject.toml, [tool.mutmut]) with
 ``tests/test_lockstep.py::test_lockstep`` as the only test, on the "mutation"
@@ -163,7 +163,14 @@ def main(argv=None) -> int:
         "--gaps", action="store_true",
         help="run only the mutants bench/mutation_survivors.md marks `gap` (a survivor of an earlier run), again",
     )
+    p.add_argument(
+        "--survivors", action="store_true",
+        help="after a change to the harness: run again every mutant of the last results that was not killed and "
+        "that bench/mutation_survivors.md does not show equivalent",
+    )
     args = p.parse_args(argv)
+    if args.gaps and args.survivors:
+        p.error("--gaps and --survivors each choose the mutants to run again: give one")
     if min(args.examples, args.max_children, args.every) < 1:
         p.error("--examples, --max-children and --every must be >= 1")
     wall = None
@@ -171,20 +178,29 @@ def main(argv=None) -> int:
         if args.fresh:
             shutil.rmtree(ROOT / "mutants", ignore_errors=True)
         names = None
+        if args.survivors:
+            marks, results = classified(), load_results(args.files)
+            names = sorted((n for n, code in results.items()
+                            if status_of(code) not in ("killed", "not run") and marks.get(n) != "equivalent"), key=_order)
+            if not names:
+                p.error("--survivors: the last results hold no mutant that is not killed or shown equivalent")
+            # Which functions the test reaches is recorded once per run of the clean
+            # test; a harness that now calls more of the impl must be measured again.
+            (ROOT / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
         if args.gaps:
             names = sorted((n for n, kind in classified().items() if kind == "gap" and n.split(".")[1] in args.files), key=_order)
             if not names:
                 p.error(f"--gaps: bench/mutation_survivors.md marks no mutant of impl/{{{','.join(args.files)}}}.py as a gap")
         wall = run_mutmut(args.files, args.examples, args.max_children, args.every, names)
     out = report(args.files, args.examples, wall)
-    if args.gaps:
+    if args.gaps or args.survivors:
         results = load_results(args.files)
         again = {n: status_of(results.get(n)) for n in names}
-        print(f"the {len(names)} gaps of bench/mutation_survivors.md, run again: " + ", ".join(
+        print(f"the {len(names)} {'gaps of bench/mutation_survivors.md' if args.gaps else 'survivors of the last results'}, run again: " + ", ".join(
             f"{k} {v}" for k, v in sorted(Counter(again.values()).items())))
         for n in names:
             print(f"  {n}  {again[n]}")
-        out["gaps"] = dict(Counter(again.values()))
+        out["run_again"] = dict(Counter(again.values()))
     print(json.dumps(out))
     return 0
 
