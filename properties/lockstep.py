@@ -626,6 +626,14 @@ class Lockstep:
         out = []
         if hasattr(a, "device") and not _same_device(a.device, self.device):
             out.append(Violation(names.DTYPE, f"the allocator's device is {a.device}, its mapping is on {self.device}"))
+        # The scheduler's prefill budget reads the ring's cost per request (0 off ring).
+        ring = getattr(a, "swa_req_ring", None)
+        if isinstance(ring, bool) and ring != self.ring:
+            out.append(Violation(names.CAPACITY, f"swa_req_ring is {ring}, the configuration's ring_size is {self.config['ring_size']}"))
+        cost = getattr(a, "swa_ring_cost_tokens", None)
+        want_cost = m.ring_cost if self.ring else 0
+        if hasattr(a, "swa_ring_cost_tokens") and cost != want_cost:
+            out.append(Violation(names.CAPACITY, f"swa_ring_cost_tokens is {cost}, the model says {want_cost}"))
         for name, sub, size, pool in sides:
             facts = observe.sub_facts(sub)
             wants = {"page_size": self.ps}

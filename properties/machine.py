@@ -238,12 +238,8 @@ class LockstepMachine(RuleBasedStateMachine):
             event(f"page_size {config['page_size']}, {config['kind']}{', ring' if config['ring_size'] else ''}, level {config['check_level']}")
         # One server in four is already busy: dozens of requests running, admitted in
         # prefill batches as its scheduler forms them.
-        # (A drawn count, not a list's length: hypothesis keeps lists short, and a busy
-        # server's decode batches of 17 and more need that many requests running.)
         busy = data.draw(st.integers(0, 3), label="busy") == 0
-        count = data.draw(st.integers(17, 48) if busy else st.integers(0, 4), label="requests in flight")
-        room = self._room()
-        first = [data.draw(lengths(self.ls.ps, room), label="tokens") for _ in range(count)]
+        first = data.draw(st.lists(lengths(self.ls.ps, self._room()), max_size=48 if busy else 4), label="first requests")
         for i in range(0, len(first), BATCH_MAX):
             self._go(Prefill(tuple((self._new_rid(), NEW, 0, n) for n in first[i : i + BATCH_MAX])))
 

@@ -210,6 +210,15 @@ class _SizeSwaHalved(SWATokenToKVPoolAllocator):
         return self._size_swa / 2
 
 
+class _RingCostOffRing(SWATokenToKVPoolAllocator):
+    """swa_ring_cost_tokens, which a scheduler's prefill budget reads, says a ring
+    costs a page although no ring was configured."""
+
+    @property
+    def swa_ring_cost_tokens(self):
+        return self._swa_ring_cost or self.page_size
+
+
 def _sub_fact(side: str, **facts):
     """The impl with one sub-allocator's attributes changed after construction."""
     def make(config):
@@ -244,6 +253,7 @@ def _rebound(cls):
     (_int32, hybrid(1), [Prefill(((0, NEW, 0, 2),))], names.DTYPE),
     (_rebound(_TranslateInt32), hybrid(1), [Prefill(((0, NEW, 0, 2),))], names.DTYPE),
     (_rebound(_TransferClampsNoPrefix), hybrid(4), [Prefill(((0, NEW, 0, 2),))], names.SENTINEL),
+    (_rebound(_RingCostOffRing), hybrid(4), [Prefill(((0, NEW, 0, 2),))], names.CAPACITY),
     (_rebound(_SizeSwaHalved), hybrid(4), [Prefill(((0, NEW, 0, 2),))], names.CAPACITY),
     (_rebound(_ResizeKeepsSubSize), hybrid(4), [Prefill(((0, NEW, 0, 5),)), Resize(32, 24)], names.CAPACITY),
     (_sub_fact("full_attn_allocator", dtype=torch.float16), hybrid(1), [Prefill(((0, NEW, 0, 2),))], names.DTYPE),
