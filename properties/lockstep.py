@@ -495,12 +495,13 @@ class Lockstep:
             v = [Violation(names.ATOMIC, f"a call that returned None changed state: {x}") for x in v]
         self._fail(v)
 
-    def _check_resolve(self, full_slots: list[int]) -> list[Violation]:
+    def _check_resolve(self, full_slots: list[int], no_prefix: bool = False) -> list[Violation]:
         """kv.resolve: the SWA slot attention reads for each full slot, through the
-        KV pool and through the allocator's translate, is the model's peer; a last_loc
-        of -1 (no prefix) translates to -1 (map.sentinel); each result is an int64
-        tensor on the allocator's device with one entry per index (alloc.dtype)."""
-        full_slots = [f for f in full_slots if 0 < f < self.model.mapping_len - 1] + [-1]
+        KV pool and through the allocator's translate, is the model's peer; each result
+        is an int64 tensor on the allocator's device with one entry per index
+        (alloc.dtype). With `no_prefix` (the census), a last_loc of -1 must translate
+        to -1 too (map.sentinel)."""
+        full_slots = [f for f in full_slots if 0 < f < self.model.mapping_len - 1] + ([-1] if no_prefix else [])
         out = []
         for via, res in observe.resolve(self.alloc, full_slots).items():
             self._cover("translate_loc_from_full_to_swa", f"via {via}")
@@ -509,9 +510,11 @@ class Lockstep:
                 out.append(Violation(names.DTYPE, f"{via} returned {bad}"))
                 continue
             got = res.tolist()
-            if got[-1] != -1:
+            if no_prefix and got[-1] != -1:
                 out.append(Violation(names.SENTINEL, f"{via}(-1) reads {got[-1]}, not -1: a request with no prefix has no last slot"))
-            for f, g in zip(full_slots[:-1], got):
+            for f, g in zip(full_slots, got):
+                if f == -1:
+                    break
                 want = self.model.peer_of(f)
                 if g != want:
                     out.append(Violation(names.KV_RESOLVE, f"{via}({f}) reads SWA slot {g}, the model says {want}"))
@@ -603,7 +606,7 @@ class Lockstep:
             v.append(Violation(names.GROUP_DEFERRED, f"the allocator's free group is {'open' if open_now else 'closed'}, the model's {'open' if self.model.group_open else 'closed'}"))
         v += self._check_subs()
         if not v and not self.ring:
-            v += self._check_resolve(sorted(self.model.full.live))
+            v += self._check_resolve(sorted(self.model.full.live), no_prefix=True)
         model_errors = self.model.self_check()
         if model_errors:  # the model itself broke SPEC 3.1: a harness bug, said as such
             v += [Violation(x.invariant, f"reference model inconsistent: {x.detail}") for x in model_errors]
