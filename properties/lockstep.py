@@ -844,6 +844,19 @@ class Lockstep:
         if not self._take_req_slots([r]):
             return
         contract = m.classify_tail([0], [n], n, tail)
+        if contract is None:
+            # The SWA side needs only the pages of the tail's positions n-tail..n-1.
+            ps = self.ps
+            full_need = layout.pages_spanned(n, ps)
+            swa_need = 0 if tail == 0 else full_need - (n - tail) // ps
+            full_short = len(m.full.free) < full_need
+            swa_short = not self.ring and len(m.swa.free) < swa_need
+            short = "both" if full_short and swa_short else "full" if full_short else "swa" if swa_short else "none"
+            kind = "zero" if tail == 0 else "whole" if tail == n else "part"
+            self._cover("alloc_extend_swa_tail", f"tail: {kind}", f"short: {short}")
+            if not self.ring and not m.swa.free:
+                # A tail of 0 needs no SWA page: it must not be refused for want of one.
+                self._cover("alloc_extend_swa_tail", f"tail: {kind}, SWA pool empty")
         fn = lambda: a.alloc_extend_swa_tail(self._t([0]), self._t([0], True), self._t([n]), self._t([n], True), self._t([-1]), n, tail)
         ran, res = self._invoke(f"alloc_extend_swa_tail(tail={tail})", fn, contract)
         full = None if not ran or res is None else res.tolist()

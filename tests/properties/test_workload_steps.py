@@ -15,7 +15,7 @@ from impl.kv_pool import SWAKVPool
 from impl.swa import SWATokenToKVPoolAllocator
 from properties.lockstep import LockstepFailure, replay
 from properties.steps import (
-    NEW, CacheFree, Decode, Empty, Evict, Finish, GroupBegin, Prefill, Resize, Resume, Retract,
+    NEW, AdmitTail, CacheFree, Decode, Empty, Evict, Finish, GroupBegin, Prefill, Resize, Resume, Retract,
     StepFormatError,
 )
 from properties.targets import resolve
@@ -219,6 +219,16 @@ class _RingCostOffRing(SWATokenToKVPoolAllocator):
         return self._swa_ring_cost or self.page_size
 
 
+class _TailZeroWantsSwaPage(SWATokenToKVPoolAllocator):
+    """alloc_extend_swa_tail asks the SWA pool for a page even for a tail of 0, so a
+    request that keeps no SWA KV is refused while the SWA pool is full."""
+
+    def alloc_extend_swa_tail(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens, swa_tail_len):
+        if swa_tail_len == 0 and self.swa_attn_allocator.available_size() < self.page_size:
+            return None
+        return super().alloc_extend_swa_tail(prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens, swa_tail_len)
+
+
 def _sub_fact(side: str, **facts):
     """The impl with one sub-allocator's attributes changed after construction."""
     def make(config):
@@ -253,6 +263,7 @@ def _rebound(cls):
     (_int32, hybrid(1), [Prefill(((0, NEW, 0, 2),))], names.DTYPE),
     (_rebound(_TranslateInt32), hybrid(1), [Prefill(((0, NEW, 0, 2),))], names.DTYPE),
     (_rebound(_TransferClampsNoPrefix), hybrid(4), [Prefill(((0, NEW, 0, 2),))], names.SENTINEL),
+    (_rebound(_TailZeroWantsSwaPage), hybrid(4), [Prefill(((0, NEW, 0, 128),)), AdmitTail(1, 3, 0)], names.CAPACITY),
     (_rebound(_RingCostOffRing), hybrid(4), [Prefill(((0, NEW, 0, 2),))], names.CAPACITY),
     (_rebound(_SizeSwaHalved), hybrid(4), [Prefill(((0, NEW, 0, 2),))], names.CAPACITY),
     (_rebound(_ResizeKeepsSubSize), hybrid(4), [Prefill(((0, NEW, 0, 5),)), Resize(32, 24)], names.CAPACITY),
