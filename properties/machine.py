@@ -39,9 +39,8 @@ SHAPES_SEEN: Counter = Counter()
 
 # Page size 1 (the token allocators) is as much code as every paged size together.
 PAGE_SIZES = (1, 1, 1, 1, 2, 4, 8, 16, 64, 256)
-# Pools: a few pages (they run out at once), a small pool that dozens of requests
-# fill (a busy server's batches meet a short pool), a serving pool, production scale.
-SCALES = ("tiny", "tiny", "tiny", "small", "medium", "large")
+# Pools: a few pages (they run out), a serving pool, production scale.
+SCALES = ("tiny", "tiny", "tiny", "medium", "large")
 LARGE_SLOTS = 131072  # > 70,000 pages at page size 1
 BATCH_MAX = 16
 DECODE_MAX = 64
@@ -61,9 +60,6 @@ def configs(draw, device: str = "cpu", fixed: dict | None = None) -> dict:
     if scale == "tiny":
         pages = draw(st.integers(2, 12))
         swa_pages = draw(st.integers(2, 12))
-    elif scale == "small":
-        pages = draw(st.integers(13, 63))
-        swa_pages = draw(st.integers(4, pages))
     elif scale == "medium":
         pages = draw(st.integers(64, 1024))
         swa_pages = draw(st.integers(16, pages))

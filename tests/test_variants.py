@@ -23,7 +23,11 @@ from properties.lockstep import LockstepFailure, replay
 from properties.targets import resolve
 
 SEEDS = (0, 1, 2, 3, 4)
-BUDGET = 1000  # examples per (variant, seed); the worst measured is reported beside it
+# Examples per (variant, seed); the worst measured is reported beside it. 1000 was
+# raised when the harness's new checks moved the searches' draws (hypothesis mixes the
+# project's literal constants into them) and decode_pages_sorted_order went past 1000
+# on one seed.
+BUDGET = 1500
 
 # Variants the machine did not find on every seed within BUDGET, with what was
 # measured on this generator and profile. Not strict: a generator change moves what
