@@ -173,11 +173,13 @@ def main(argv=None) -> int:
         p.error("--gaps and --survivors each choose the mutants to run again: give one")
     if min(args.examples, args.max_children, args.every) < 1:
         p.error("--examples, --max-children and --every must be >= 1")
+    if args.fresh and (args.gaps or args.survivors):
+        p.error("--fresh deletes the results --gaps and --survivors choose from")
     wall = None
+    names = None
     if not args.report_only:
         if args.fresh:
             shutil.rmtree(ROOT / "mutants", ignore_errors=True)
-        names = None
         if args.survivors:
             marks, results = classified(), load_results(args.files)
             names = sorted((n for n, code in results.items()
@@ -193,7 +195,7 @@ def main(argv=None) -> int:
                 p.error(f"--gaps: bench/mutation_survivors.md marks no mutant of impl/{{{','.join(args.files)}}}.py as a gap")
         wall = run_mutmut(args.files, args.examples, args.max_children, args.every, names)
     out = report(args.files, args.examples, wall)
-    if args.gaps or args.survivors:
+    if names:
         results = load_results(args.files)
         again = {n: status_of(results.get(n)) for n in names}
         print(f"the {len(names)} {'gaps of bench/mutation_survivors.md' if args.gaps else 'survivors of the last results'}, run again: " + ", ".join(

@@ -27,11 +27,15 @@ def capacities(alloc) -> dict[str, int]:
         value = getattr(alloc, key, None)
         if callable(value):
             value = value()
-        # A size that is not an int (a float from a true division, say) is still
-        # a size the target reports, and must be the model's.
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if _is_number(value):
             out[key] = value
     return out
+
+
+def _is_number(value) -> bool:
+    """A size a target reports: an int, or a float from a true division, which must
+    still be the model's size."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def outside_group(alloc) -> bool | None:
@@ -58,7 +62,7 @@ def sub_facts(sub) -> dict[str, object]:
     out: dict[str, object] = {}
     for key in ("size", "num_pages", "page_size"):
         value = getattr(sub, key, None)
-        if isinstance(value, int):
+        if _is_number(value):
             out[key] = value
     for key in ("dtype", "device"):
         if hasattr(sub, key):

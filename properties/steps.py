@@ -212,6 +212,8 @@ BREAKS: dict[str, str] = {
     "page_ids_padding": "debug",  # free_page_ids of page 0
     "page_ids_free": "debug",  # free_page_ids of a page that is free
 }
+# The breaks made on one live request's slots (Break.rid names it); the others name none.
+ROW_BREAKS = ("free_unpaired", "free_full_paired", "partial_page", "unaligned_segment")
 GUARD_BREAKS = tuple(k for k, v in BREAKS.items() if v == "guard")
 OTHER_BREAKS = tuple(k for k, v in BREAKS.items() if v not in ("guard", "debug"))
 PAGE_ID_BREAKS = tuple(k for k, v in BREAKS.items() if v == "debug")

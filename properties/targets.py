@@ -24,16 +24,33 @@ def _bundled(config: dict):
     return make_allocator(config)
 
 
-# The bundled impl builds every configuration the workload draws, so a
-# NotImplementedError from it is a fault, never a configuration to skip.
-_bundled.builds_every_configuration = True
+def _bundled_builds(config: dict) -> bool:
+    """The configurations the bundled impl builds on any machine: every kind, page
+    size, ring and pool the workload draws (pure SWA at page size 1 without a ring, a
+    ring above page size 1), on the CPU with the torch layout. Another device, backend
+    or layout needs what a machine may lack, and the impl says so by raising
+    NotImplementedError there, as any target may."""
+    pure, ring, ps = config["kind"] == "pure_swa", config.get("ring_size") is not None, config["page_size"]
+    if (pure and (ps != 1 or ring)) or (ring and ps == 1):
+        return False
+    return (torch_device_type(config.get("device", "cpu")) == "cpu" and config.get("layout", "torch") == "torch"
+            and config.get("backend", "auto") in ("auto", "cpu"))
 
 
-def builds_every_configuration(target: Target) -> bool:
-    """Whether a target declares it builds every configuration of SPEC 4.3: its
-    NotImplementedError is then a failure, not a skip (SPEC 4.3's skip is for
-    targets that say what they do not build by raising it)."""
-    return bool(getattr(target, "builds_every_configuration", False))
+def torch_device_type(name) -> str | None:
+    """The device type a configuration names ("cuda:1" -> "cuda"), or None if it names none."""
+    return str(name).split(":")[0] if name is not None else None
+
+
+_bundled.builds = _bundled_builds
+
+
+def declares_it_builds(target: Target, config: dict) -> bool:
+    """Whether a target declares it builds this configuration (its `builds(config)`):
+    a NotImplementedError from it there is a failure, not a skip. SPEC 4.3's skip is
+    for what a target does not build, which it says by raising it."""
+    builds = getattr(target, "builds", None)
+    return bool(builds(config)) if callable(builds) else False
 
 
 def unrefused_breaks(target: Target) -> frozenset[str]:

@@ -125,17 +125,22 @@ def test_a_target_that_does_not_build_a_configuration_is_skipped_there():
         replay(RING, [], _refuses_ring)
 
 
-def test_the_bundled_impl_may_not_refuse_a_configuration():
-    """The impl declares it builds every configuration: a NotImplementedError from it
-    (a mutated ring check, say) is a failure, not a configuration skipped unseen."""
-    assert resolve("impl").builds_every_configuration
+def test_the_bundled_impl_may_not_refuse_a_configuration_it_builds():
+    """The impl declares what it builds on any machine: a NotImplementedError from it
+    there (a mutated ring check, say) is a failure, not a configuration skipped unseen;
+    where it depends on the machine (another device or layout), a skip as before."""
+    builds = resolve("impl").builds
+    assert builds({**RING, "device": "cpu"}) and not builds({**RING, "page_size": 1})
+    assert not builds({**RING, "device": "cuda"}) and not builds({**RING, "layout": "triton"})
 
     def impl_refusing_ring(config):
         return _refuses_ring(config)
 
-    impl_refusing_ring.builds_every_configuration = True
+    impl_refusing_ring.builds = builds
     with pytest.raises(TargetCrash, match="declares it builds"):
         replay(RING, [], impl_refusing_ring)
+    with pytest.raises(NotImplementedError):
+        replay({**RING, "device": "meta"}, [], impl_refusing_ring)
     replay(RING, [Admit(((0, 3),))], resolve("impl"))
 
 

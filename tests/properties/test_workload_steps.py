@@ -195,11 +195,12 @@ class _TranslateInt32(SWATokenToKVPoolAllocator):
         return super().translate_loc_from_full_to_swa(kv_indices).to(torch.int32)
 
 
-class _TransferClampsNoPrefix(SWATokenToKVPoolAllocator):
-    """A KV transfer's translation clamps ids below 1, so a last_loc of -1 reads slot 0."""
+class _TranslateClampsNoPrefix(SWATokenToKVPoolAllocator):
+    """translate_loc_from_full_to_swa clamps ids below 1, so a last_loc of -1 (no
+    prefix) reads the padding slot's SWA KV."""
 
-    def translate_swa_indices_for_transfer(self, kv_indices):
-        return super().translate_swa_indices_for_transfer(kv_indices).clamp(min=0)
+    def translate_loc_from_full_to_swa(self, kv_indices):
+        return super().translate_loc_from_full_to_swa(kv_indices).clamp(min=0)
 
 
 class _SizeSwaHalved(SWATokenToKVPoolAllocator):
@@ -210,13 +211,13 @@ class _SizeSwaHalved(SWATokenToKVPoolAllocator):
         return self._size_swa / 2
 
 
-class _RingCostOffRing(SWATokenToKVPoolAllocator):
-    """swa_ring_cost_tokens, which a scheduler's prefill budget reads, says a ring
-    costs a page although no ring was configured."""
+class _RingCostUnrounded(SWATokenToKVPoolAllocator):
+    """swa_ring_cost_tokens, which a scheduler's prefill budget reads in ring mode,
+    gives the ring size itself, not rounded up to whole pages as the accounting is."""
 
     @property
     def swa_ring_cost_tokens(self):
-        return self._swa_ring_cost or self.page_size
+        return self.get_kvcache().swa_req_ring_size
 
 
 class _TailZeroWantsSwaPage(SWATokenToKVPoolAllocator):
@@ -262,9 +263,9 @@ def _rebound(cls):
     (_stale_mapping, hybrid(1), [Prefill(((0, NEW, 0, 3),))], names.KV_RESOLVE),
     (_int32, hybrid(1), [Prefill(((0, NEW, 0, 2),))], names.DTYPE),
     (_rebound(_TranslateInt32), hybrid(1), [Prefill(((0, NEW, 0, 2),))], names.DTYPE),
-    (_rebound(_TransferClampsNoPrefix), hybrid(4), [Prefill(((0, NEW, 0, 2),))], names.SENTINEL),
+    (_rebound(_TranslateClampsNoPrefix), hybrid(4), [Prefill(((0, NEW, 0, 2),))], names.SENTINEL),
     (_rebound(_TailZeroWantsSwaPage), hybrid(4), [Prefill(((0, NEW, 0, 128),)), AdmitTail(1, 3, 0)], names.CAPACITY),
-    (_rebound(_RingCostOffRing), hybrid(4), [Prefill(((0, NEW, 0, 2),))], names.CAPACITY),
+    (_rebound(_RingCostUnrounded), hybrid(4, ring_size=5, req_slots=3), [Prefill(((0, NEW, 0, 2),))], names.CAPACITY),
     (_rebound(_SizeSwaHalved), hybrid(4), [Prefill(((0, NEW, 0, 2),))], names.CAPACITY),
     (_rebound(_ResizeKeepsSubSize), hybrid(4), [Prefill(((0, NEW, 0, 5),)), Resize(32, 24)], names.CAPACITY),
     (_sub_fact("full_attn_allocator", dtype=torch.float16), hybrid(1), [Prefill(((0, NEW, 0, 2),))], names.DTYPE),
