@@ -21,6 +21,7 @@ import torch
 
 from impl import config as config_schema
 from properties import observe
+from properties.coverage import DEBUG_CELL
 from properties.targets import declares_it_builds
 from properties.steps import (
     NEW, PAGE_ID_BREAKS, PAGED_CALLS, ROW_BREAKS, Admit, AdmitTail, Break, CacheFree, Clear, Decode, DropTail, Empty, Evict,
@@ -700,9 +701,9 @@ class Lockstep:
                 opening = sum(1 for p in prefix if p % self.ps == 0)
                 self._cover(call, f"batch {bucket(len(batch))}",
                             "new page: " + ("none" if not opening else "all" if opening == len(batch) else "some"),
-                            "order: " + ("sorted" if rids == sorted(rids) else "unsorted"), f"short: {short}")
+                            "order: " + ("sorted" if rids == sorted(rids) else "unsorted"), f"short: {short}", *self._debug_cell())
             else:
-                self._cover(call, f"batch {bucket(len(batch))}", self._prefix_kinds(batch), f"short: {short}")
+                self._cover(call, f"batch {bucket(len(batch))}", self._prefix_kinds(batch), f"short: {short}", *self._debug_cell())
             if what == "decode":
                 fn = lambda: a.alloc_decode(self._t(seq), self._t(seq, True), self._last_loc(last))
             else:
@@ -779,6 +780,11 @@ class Lockstep:
     def _cover(self, method: str, *shape: str) -> None:
         for cell in shape:
             self.shapes[(method, cell)] += 1
+
+    def _debug_cell(self) -> tuple[str, ...]:
+        """The cell of a call sglang's debug mode checks: only a paged hybrid has those
+        checks (page ids released twice, segments' pages in step)."""
+        return (DEBUG_CELL,) if self.debug and self.ps > 1 and not self.pure else ()
 
     def _check_index_tensor(self, what: str, res, n: int) -> None:
         """alloc.dtype: an index tensor a call returns is int64, on the allocator's
@@ -857,7 +863,7 @@ class Lockstep:
             swa_short = not self.ring and len(m.swa.free) < swa_need
             short = "both" if full_short and swa_short else "full" if full_short else "swa" if swa_short else "none"
             kind = "zero" if tail == 0 else "whole" if tail == n else "part"
-            self._cover("alloc_extend_swa_tail", f"tail: {kind}", f"short: {short}")
+            self._cover("alloc_extend_swa_tail", f"tail: {kind}", f"short: {short}", *self._debug_cell())
             if not self.ring and not m.swa.free:
                 # A tail of 0 needs no SWA page: it must not be refused for want of one.
                 self._cover("alloc_extend_swa_tail", f"tail: {kind}, SWA pool empty")
@@ -919,7 +925,7 @@ class Lockstep:
         if order is not None:
             idx = idx[self._t(order)]
         requests = len({rid for rid, _, _ in held})
-        self._cover(call, "pieces: " + ("one request" if requests == 1 else "several requests"))
+        self._cover(call, "pieces: " + ("one request" if requests == 1 else "several requests"), *self._debug_cell())
         if order is not None:
             self._cover(call, "pieces: interleaved")
         if start_pos is None:
@@ -1120,7 +1126,7 @@ class Lockstep:
                 self._check_tags(rid, lo, idx, swa_too=True)
         row = self._holder(rid)
         arg = [(row.view(lo, lo + len(idx)), lo) for idx, lo in segs]
-        self._cover("free_segments", f"segments {bucket(len(segs))}")
+        self._cover("free_segments", f"segments {bucket(len(segs))}", *self._debug_cell())
         ran, _ = self._invoke(f"free_segments(request {rid}, {len(segs)} segments)", lambda: a.free_segments(arg), contract)
         if not ran:
             return False
@@ -1451,6 +1457,16 @@ class Lockstep:
             slots = [s for s in own if s not in m.peer][:1] or own[:1]
             what, contract = "free", m.classify_free("free", slots, None, step.rid)
             fn = lambda: a.free(t(slots))
+        elif kind == "segment_unpaired":
+            lo = unpaired_segment(row, ps, m.peer)
+            if lo is None:
+                raise StepFormatError("rid", f"request {step.rid} has no page-aligned position without an SWA peer")
+            if not hasattr(a, "free_swa_segment"):
+                self.labels["contract break not expressible: no free_swa_segment"] += 1
+                return
+            slots = row.slots[lo : lo + ps]
+            what, contract = "free_swa_segment", m.classify_free_swa_segment(slots, lo, step.rid)
+            fn = lambda: a.free_swa_segment(self._holder(step.rid).view(lo, lo + len(slots)), start_pos=lo)
         elif kind == "free_full_paired":
             # A request finished with free_full although some positions keep SWA peers.
             if self._free_call("free_full", step.rid, row.shared, len(row.slots)):
@@ -1594,6 +1610,16 @@ class Lockstep:
             pages = [page]
         contract = m.classify_free_page_ids(pages, [])
         self._page_ids_call(f"free_page_ids({pages}) ({kind})", pages, [], contract)
+
+
+def unpaired_segment(row: _Row, ps: int, peer: dict[int, int]) -> int | None:
+    """The first page-aligned position of the row's own part whose full slot has no SWA
+    peer (window-evicted, or before an SWA tail): free_swa_segment from there breaks
+    SPEC 3.2's swa.peer_mapped. None where there is none. Reads one position a page."""
+    for lo in range(-(-row.shared // ps) * ps, len(row.slots), ps):
+        if row.slots[lo] != RELEASED and row.slots[lo] not in peer:
+            return lo
+    return None
 
 
 def census_every_for(config: dict, base: int = 16) -> int:

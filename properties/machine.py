@@ -24,7 +24,7 @@ from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from properties.differential import Differential
-from properties.lockstep import RELEASED, Lockstep, census_every_for, runs_of
+from properties.lockstep import RELEASED, Lockstep, census_every_for, runs_of, unpaired_segment
 from properties.steps import (
     BREAKS, EMPTY_CALLS, GUARD_BREAKS, NEW, OTHER_BREAKS, PAGE_ID_BREAKS, PAGED_CALLS, TOKEN_CALLS, AdmitTail, Break, CacheFree, Clear, Decode,
     DropTail, Empty, EvictSegment, FreePages,
@@ -648,6 +648,8 @@ class LockstepMachine(RuleBasedStateMachine):
                 ok = hybrid and ls.ps == 1 and not ls.ring and any(s not in m.peer for s in own)
             elif kind == "free_full_paired":
                 ok = hybrid and any(s in m.peer for s in own)
+            elif kind == "segment_unpaired":
+                ok = hybrid and not ls.ring and unpaired_segment(row, ls.ps, m.peer) is not None
             else:  # partial_page, unaligned_segment
                 ok = ls.ps > 1 and len(own) > 1
             if ok:

@@ -193,6 +193,7 @@ class Resize(Step):
 BREAKS: dict[str, str] = {
     "free_unpaired": "guard",  # free at page_size 1 of a position whose SWA peer is gone
     "free_full_paired": "guard",  # free_full of a position that still has an SWA peer
+    "segment_unpaired": "guard",  # free_swa_segment of a page whose representative has no SWA peer
     "double_free": "unnoticed",  # free again the slots of a finished request
     "never_allocated": "unnoticed",  # free a slot on a free page
     "partial_page": "unnoticed",  # free one position of a page whose others are in use
@@ -213,7 +214,7 @@ BREAKS: dict[str, str] = {
     "page_ids_free": "debug",  # free_page_ids of a page that is free
 }
 # The breaks made on one live request's slots (Break.rid names it); the others name none.
-ROW_BREAKS = ("free_unpaired", "free_full_paired", "partial_page", "unaligned_segment")
+ROW_BREAKS = ("free_unpaired", "free_full_paired", "segment_unpaired", "partial_page", "unaligned_segment")
 GUARD_BREAKS = tuple(k for k, v in BREAKS.items() if v == "guard")
 OTHER_BREAKS = tuple(k for k, v in BREAKS.items() if v not in ("guard", "debug"))
 PAGE_ID_BREAKS = tuple(k for k, v in BREAKS.items() if v == "debug")

@@ -34,6 +34,7 @@ REQUIRED_LABELS = (
     "guard count: swa.peer_released",
     "guard silent: swa.peer_released",
     "contract refused: free.unpaired",
+    "contract refused: swa_segment.unpaired_rep",
     "contract refused: free_full.paired",
     "contract refused: group.nested",
     "contract refused: segment.unaligned",

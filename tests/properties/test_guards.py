@@ -16,6 +16,8 @@ BASE = {"kind": "hybrid", "size": 32, "size_swa": 32, "page_size": 1}
 RELEASED_BREAK = [Admit(((0, 3),)), Break("free_full_paired", 0)]
 MAPPED_BREAK = [Admit(((0, 3),)), Evict(0, 0, 1), Break("free_unpaired", 0)]
 LEGAL_FREE = [Admit(((0, 3),)), Finish(0, "free")]
+# free_swa_segment from a page whose first position's window was evicted.
+SEGMENT_BREAK = [Admit(((0, 8),)), Evict(0, 0, 4), Break("segment_unpaired", 0)]
 
 CASES = [
     # (target class, level, steps, guard, what the failure must say)
@@ -58,3 +60,18 @@ def test_overridden_targets_are_right_where_their_reaction_is_owed(level):
     for (cls, lvl), steps in right.items():
         if lvl == level:
             replay({**BASE, "check_level": level}, steps, gt.factory(cls))
+
+
+@pytest.mark.parametrize("ps", [1, 4])
+def test_segment_free_of_an_unpaired_representative_is_refused(ps):
+    """SPEC 3.2: free_swa_segment over a page whose representative has no SWA peer is
+    swa.peer_mapped's to refuse at strict, state unchanged; a target without that guard
+    is named for the guard that stayed silent."""
+    config = {**BASE, "page_size": ps, "size": 32 * ps, "size_swa": 32 * ps, "check_level": "strict"}
+    ls = replay(config, SEGMENT_BREAK, resolve("impl"))
+    assert ls.labels["contract refused: swa_segment.unpaired_rep" if ps > 1 else "contract refused: free.unpaired"] == 1
+    with pytest.raises(LockstepFailure) as info:
+        replay(config, SEGMENT_BREAK, gt.factory(gt.SegmentUnguarded))
+    assert info.value.invariant == "swa.peer_mapped", str(info.value)
+    assert "stayed silent at level strict on free_swa_segment (segment_unpaired)" in str(info.value)
+    assert info.value.index == len(SEGMENT_BREAK) - 1, str(info.value)
