@@ -345,9 +345,9 @@ def cmd_replay(args) -> int:
                 pool = None
             except trace_mod.TraceError as e:
                 raise BadInput(str(e)) from None
-            if pool is not None and got == trace_mod.CRASH and asserts_kill(args.device):
-                # A device assert leaves the CUDA context unusable: a fresh process
-                # for the next trace.
+            if pool is not None and got in (trace_mod.CRASH, HARNESS_ERROR) and asserts_kill(args.device):
+                # A device assert leaves the CUDA context unusable, and a harness error
+                # may have come after one: a fresh process for the next trace.
                 pool.shutdown(wait=False)
                 pool = None
             if got == HARNESS_ERROR:

@@ -75,7 +75,11 @@ class HarnessError(Exception):
 
 
 def raised_in_harness(exc: BaseException) -> bool:
-    """Whether the innermost frame that raised `exc` is the harness's own code."""
+    """Whether the innermost frame that raised `exc` is the harness's own code. A device
+    assert never is: the harness issues none, and one the target's kernels issued is
+    reported at whichever later call synchronizes, often the harness's read of state."""
+    if is_device_assert(exc):
+        return False
     tb = exc.__traceback__
     if tb is None:
         return True
@@ -155,6 +159,11 @@ def failure_class(invariant: str) -> type[LockstepFailure]:
         name = "LockstepFailure_" + "".join(c if c.isalnum() else "_" for c in invariant)
         cls = _FAILURE_CLASSES[invariant] = type(name, (LockstepFailure,), {"__module__": __name__})
     return cls
+
+
+def is_device_assert(exc: BaseException) -> bool:
+    """A failed device assert, as torch reports it at the next synchronization."""
+    return isinstance(exc, RuntimeError) and "device-side assert triggered" in str(exc)
 
 
 def asserts_kill(device) -> bool:
@@ -440,6 +449,14 @@ class Lockstep:
             result, exc = fn(), None
         except Exception as e:  # a target's error is data here, compared below
             result, exc = None, e
+        if reaction.kind == "raise" and contract.reaction in names.GUARDS and asserts_kill(self.device):
+            # The guard's refusal is a device assert that lands at the next sync: take
+            # it here, so the run ends at the refusing call as the server's process would,
+            # and a guard that did not fire is told from one that has not fired yet.
+            try:
+                torch.cuda.synchronize(self.device)
+            except Exception as e:
+                raise TargetCrash(f"{what}: the guard's device assert", e) from e
         after = observe.hits(self.alloc)
         self._check_guards(what, contract, exc, before, after)
         named = getattr(exc, "invariant", None)

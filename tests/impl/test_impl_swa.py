@@ -491,8 +491,8 @@ def test_cuda_matches_cpu_slot_for_slot():
     def run(device):
         a = make_allocator(dict(kind="hybrid", size=256, size_swa=128, page_size=4, device=device))
         dev = torch.device(device)
-        pre, sl = T(0, 3).to(dev), T(9, 12).to(dev)
-        row = a.alloc_extend(pre, pre.cpu(), sl, sl.cpu(), T(-1, -1).to(dev), 18)
+        pre, sl = T(0, 0).to(dev), T(9, 12).to(dev)
+        row = a.alloc_extend(pre, pre.cpu(), sl, sl.cpu(), T(-1, -1).to(dev), 21)
         seq = T(10, 13)
         dec = a.alloc_decode(seq.to(dev), seq, torch.stack([row[8], row[-1]]))
         a.free_swa(row[:4])

@@ -3,11 +3,13 @@ fresh pair goes on, compared; harness errors apart from target crashes; observer
 the differential driver's explicit attributes."""
 
 import pytest
+import torch
 
 from impl import make_allocator
 from impl.swa import PureSWATokenToKVPoolAllocator, SWATokenToKVPoolAllocator
 from properties.differential import Differential
-from properties.lockstep import HarnessError, Lockstep, LockstepFailure, Observer, TargetCrash, observing, replay
+from properties import observe
+from properties.lockstep import HarnessError, Lockstep, LockstepFailure, Observer, TargetCrash, observing, raised_in_harness, replay
 from properties.steps import Admit, Break, Decode, Evict, Finish
 from properties.targets import resolve
 
@@ -77,6 +79,25 @@ def test_the_harness_raising_is_a_harness_error_with_its_traceback():
     with pytest.raises(HarnessError) as info:
         ls.run(Admit(((0, 3),)))
     assert "reference/model.py" in info.value.traceback and "step 0" in str(info.value)
+
+
+def test_a_device_assert_seen_at_the_harness_read_is_a_target_crash():
+    """A device assert lands at the next synchronization, which is often the harness's
+    own read of state: it is still the target's crash, not a bug in the harness."""
+    ls = Lockstep({**BASE}, resolve("impl"))
+    try:
+        observe.free_pages(None)  # fails inside the harness's own observation code
+    except AttributeError as e:
+        assert raised_in_harness(e)
+        where = e.__traceback__
+
+    def census_violations():
+        raise torch.AcceleratorError("CUDA error: device-side assert triggered").with_traceback(where)
+
+    ls.census_violations = census_violations
+    with pytest.raises(TargetCrash) as info:
+        ls.census()
+    assert "device-side assert" in str(info.value)
 
 
 def test_observers_see_every_driver_and_step():
