@@ -14,7 +14,10 @@ no shrinking), then reads mutmut's results and prints:
   suspicious all count against it: a mutant no test reaches is not a kill, and a hang
   the harness cannot report is a gap, not a kill;
 - every mutant that is not killed, with its status, and whether
-  bench/mutation_survivors.md classifies it (``equivalent`` with a reason, or ``gap``).
+  bench/mutation_survivors.md classifies it (``equivalent`` with a reason, or ``gap``);
+- beside the score, the required cells of the coverage table that the profile leaves
+  unreached at that budget on the unmutated impl (one run of it, 10 to 40 s): code
+  only those calls execute cannot be judged by the score.
 
 The last line is one JSON object with the figures. mutmut keeps its results in
 ``mutants/`` and resumes where it stopped; ``--fresh`` starts over (needed after
@@ -104,6 +107,26 @@ def run_mutmut(files, examples: int, max_children: int, every: int, names: list[
     return time.monotonic() - t0
 
 
+def coverage_missed(examples: int) -> list[str]:
+    """The required cells of the coverage table (properties/coverage.py) that the
+    mutation profile leaves unreached at this budget, on the unmutated impl. A mutant
+    only those calls execute survives any harness, so the score is read beside these."""
+    sys.path.insert(0, str(ROOT))
+    from hypothesis import settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    import properties.profiles  # noqa: F401  (registers the profiles)
+    from properties.coverage import missing
+    from properties.machine import SHAPES_SEEN, machine_for
+    from properties.targets import resolve
+
+    SHAPES_SEEN.clear()
+    run_state_machine_as_test(
+        machine_for(resolve("impl")), settings=settings(settings.get_profile("mutation"), max_examples=examples)
+    )
+    return [f"{method} [{cell}]" for method, cell in missing(SHAPES_SEEN)]
+
+
 def report(files, examples: int, wall_s: float | None) -> dict:
     results = load_results(files)
     if not results:
@@ -125,6 +148,9 @@ def report(files, examples: int, wall_s: float | None) -> dict:
     print(f"  score       {counts['killed']} / ({run} - {len(equivalent)}) = {100 * score:.1f} %")
     if wall_s is not None:
         print(f"  wall        {wall_s:.0f} s")
+    gaps = coverage_missed(examples)
+    print(f"  coverage    {len(gaps)} required cells of the coverage table not reached at {examples} examples"
+          + (": " + "; ".join(gaps) if gaps else ""))
     print("not killed (status, classification):")
     for n in not_killed:
         print(f"  {n}  {status[n]}  {marks.get(n, 'UNCLASSIFIED')}")
@@ -147,6 +173,7 @@ def report(files, examples: int, wall_s: float | None) -> dict:
         "unclassified": sum(1 for n in not_killed if n not in marks),
         "score": round(score, 4),
         "wall_s": None if wall_s is None else round(wall_s, 1),
+        "coverage_cells_missed": gaps,
         "by_file": by_file,
     }
 

@@ -522,7 +522,12 @@ class Lockstep:
         (alloc.dtype). With `sentinel` (the census), a last_loc of -1 must translate
         to -1 too (map.sentinel) where attention translates one: a KV transfer moves
         real slots only."""
-        full_slots = [f for f in full_slots if 0 < f < self.model.mapping_len - 1] + ([-1] if sentinel else [])
+        m = self.model
+        top = m.mapping_len - 1
+        real = [f for f in full_slots if 0 < f < top]
+        full_slots = real + ([-1] if sentinel else [])
+        # The model's answer once for all three routes (a list compare per route).
+        want = m.peers_of(real)
         out = []
         for via, res in observe.resolve(self.alloc, full_slots).items():
             self._cover("translate_loc_from_full_to_swa", f"via {via}")
@@ -533,13 +538,9 @@ class Lockstep:
             got = res.tolist()
             if sentinel and got[-1] != -1 and "transfer" not in via:
                 out.append(Violation(names.SENTINEL, f"{via}(-1) reads {got[-1]}, not -1: a request with no prefix has no last slot"))
-            for f, g in zip(full_slots, got):
-                if f == -1:
-                    break
-                want = self.model.peer_of(f)
-                if g != want:
-                    out.append(Violation(names.KV_RESOLVE, f"{via}({f}) reads SWA slot {g}, the model says {want}"))
-                    break
+            if got[: len(real)] != want:
+                f, g, w = next((f, g, w) for f, g, w in zip(real, got, want) if g != w)
+                out.append(Violation(names.KV_RESOLVE, f"{via}({f}) reads SWA slot {g}, the model says {w}"))
         return out
 
     def _tag(self, rid: int, positions: range, full: list[int]) -> None:
@@ -954,7 +955,8 @@ class Lockstep:
         if not ran:
             return False
         touched = layout.expand_to_pages(slots, self.ps) if self.ps > 1 else slots
-        touched = [f for f in touched if f < m.mapping_len - 1]
+        top = m.mapping_len - 1
+        touched = [f for f in touched if f < top]
         if res is _TOLERATED:
             m.strand(slots)
         else:
@@ -1151,7 +1153,8 @@ class Lockstep:
         for idx, _ in segs:
             m.free("free_segment", idx)
             touched += layout.expand_to_pages(idx, self.ps)
-        self._after_call([f for f in touched if f < m.mapping_len - 1])
+        top = m.mapping_len - 1
+        self._after_call([f for f in touched if f < top])
         self.labels["freed by free_segments"] += 1
         return True
 
@@ -1598,7 +1601,8 @@ class Lockstep:
         if m.group_open:
             self.labels["group holding a free_page_ids"] += 1
         touched = layout.expand_to_pages(slots, self.ps) if self.ps > 1 else slots
-        self._after_call([f for f in touched if f < m.mapping_len - 1])
+        top = m.mapping_len - 1
+        self._after_call([f for f in touched if f < top])
         self.labels["freed by page id"] += 1
         if step.start == row.shared:
             self._retire(step.rid)

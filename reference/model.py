@@ -70,6 +70,30 @@ class _Pool:
         if owner is not None:
             self.owner[slot] = owner
 
+    def take_live_all(self, slots: list[int], owners: list[int] | None = None) -> None:
+        """take_live for each slot (none live yet, none named twice), in C-level passes."""
+        self.live.update(slots)
+        ps = self.page_size
+        self.used.update(slots if ps == 1 else [s // ps for s in slots])
+        if owners is not None:
+            self.owner.update(zip(slots, owners))
+
+    def drop_live_all(self, slots: list[int]) -> None:
+        """drop_live for each live slot of `slots`; the others, and repeats, are skipped."""
+        live = self.live
+        slots = [s for s in dict.fromkeys(slots) if s in live]
+        live.difference_update(slots)
+        pop = self.owner.pop
+        for s in slots:
+            pop(s, None)
+        ps = self.page_size
+        pages = slots if ps == 1 else [s // ps for s in slots]
+        used = self.used
+        used.subtract(pages)
+        for p in set(pages):
+            if used[p] == 0:
+                del used[p]
+
     def drop_live(self, slot: int) -> None:
         self.live.discard(slot)
         self.owner.pop(slot, None)
@@ -188,6 +212,13 @@ class Model:
         if self.pure:
             return full_slot
         return self.peer.get(full_slot) or self.stale.get(full_slot, 0)
+
+    def peers_of(self, full_slots: list[int]) -> list[int]:
+        """peer_of for each slot: one pass, for the per-call checks."""
+        if self.pure:
+            return list(full_slots)
+        peer, stale = self.peer.get, self.stale.get
+        return [peer(f) or stale(f, 0) for f in full_slots]
 
     def page_owners(self, side: str, page: int) -> list[int]:
         """The requests with a live slot on `page` of the "full" or "swa" pool, read-only
@@ -465,10 +496,8 @@ class Model:
             out.append(Violation(names.NO_DOUBLE_OWNERSHIP, f"{what} slot {slot} is already in use"))
 
     def _adopt(self, pool: _Pool, slots: list[int], fresh: dict[int, None], owners: list[int] | None = None) -> None:
-        for p in fresh:
-            pool.free.discard(p)
-        for i, s in enumerate(slots):
-            pool.take_live(s, None if owners is None else owners[i])
+        pool.free.difference_update(fresh)
+        pool.take_live_all(slots, owners)
 
     @staticmethod
     def _per_slot(owners: list[int] | None, prefix_lens: list[int], seq_lens: list[int]) -> list[int] | None:
@@ -780,12 +809,10 @@ class Model:
             pool.free.update(pages)
 
     def _free_full_slots(self, slots: list[int]) -> None:
-        pages: dict[int, None] = {}
-        for s in slots:
-            if s in self.full.live:
-                self.full.drop_live(s)
-            pages[s // self.page_size] = None
-        self._release(self.full, [p for p in pages if self.full.used[p] == 0], self.held_full)
+        self.full.drop_live_all(slots)
+        ps, used = self.page_size, self.full.used
+        pages = dict.fromkeys(slots if ps == 1 else [s // ps for s in slots])
+        self._release(self.full, [p for p in pages if used[p] == 0], self.held_full)
 
     def free(self, call: str, slots: list[int]) -> list[Violation]:
         """Adopt a legal free, free_swa, free_swa_segment, free_full, free_segment or
@@ -871,9 +898,11 @@ class Model:
 
     def check_peers(self, full_slots: list[int], observed: list[int]) -> list[Violation]:
         """mapping[f] for the touched full slots must read the model's peer or 0."""
+        wants = self.peers_of(full_slots)
+        if list(observed) == wants:
+            return []
         out = []
-        for f, got in zip(full_slots, observed):
-            want = self.peer_of(f)
+        for f, got, want in zip(full_slots, observed, wants):
             if got != want:
                 state = f"paired with {want}" if want else "unpaired"
                 out.append(Violation(names.MAP_LIVE, f"mapping[{f}] is {got}, but slot {f} is {state}"))
@@ -887,19 +916,20 @@ class Model:
         if not self.pure and not self.ring and swa_free is not None:
             pools.append(("SWA", self.swa, swa_free))
         for name, pool, observed in pools:
-            seen = Counter(observed)
+            # Set operations, not a Python loop over the pool: this runs every census.
+            seen = set(observed)
             if 0 in seen:
                 out.append(Violation(names.PADDING_RESERVED, f"page 0 is in the {name} free list{tag}"))
-            twice = [p for p, k in seen.items() if k > 1]
-            if twice:
+            if len(seen) != len(observed):
+                twice = [p for p, k in Counter(observed).items() if k > 1]
                 out.append(Violation(names.NO_DOUBLE_OWNERSHIP, f"{name} pages {sorted(twice)[:6]} are in the free list twice{tag}"))
-            outside = [p for p in seen if p > pool.num_pages or p < 0]
-            if outside:
+            if seen and (max(seen) > pool.num_pages or min(seen) < 0):
+                outside = [p for p in seen if p > pool.num_pages or p < 0]
                 out.append(Violation(names.CAPACITY, f"{name} free list holds pages {sorted(outside)[:6]} beyond {pool.num_pages}{tag}"))
             # A page a free group holds, or released at its end, names the group.
             group = set(self.held_full if pool is self.full else self.held_swa)
             group |= self.group_released[0 if pool is self.full else 1]
-            owned_but_free = sorted(p for p in seen if 0 < p <= pool.num_pages and p not in pool.free)
+            owned_but_free = sorted(p for p in seen.difference(pool.free) if 0 < p <= pool.num_pages)
             if owned_but_free:
                 inv = names.GROUP_DEFERRED if group.intersection(owned_but_free) else names.NO_DOUBLE_OWNERSHIP
                 out.append(Violation(inv, f"{name} pages {owned_but_free[:6]} are free but owned{tag}"))
