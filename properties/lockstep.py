@@ -996,7 +996,10 @@ class Lockstep:
             self.labels["pool exhausted"] += 1
             return
         swa = swa_all[off : off + n]
-        ran, _ = self._invoke("set_full_to_swa_mapping", lambda: a.set_full_to_swa_mapping(self._t(full), self._t(swa)), None)
+        # As a load-back passes them: the request's int32 row view, and a slice of the
+        # SWA slots the sub-allocator just returned.
+        full_idx, swa_idx = self._holder(step.rid).view(lo, lo + n), res[off : off + n]
+        ran, _ = self._invoke("set_full_to_swa_mapping", lambda: a.set_full_to_swa_mapping(full_idx, swa_idx), None)
         m.set_mapping(full, swa)
         self.labels["evicted then re-paired"] += 1
         if off:
