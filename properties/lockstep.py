@@ -544,12 +544,16 @@ class Lockstep:
         return out
 
     def _tag(self, rid: int, positions: range, full: list[int]) -> None:
+        self._tag_slots(full, [observe.Tags.value(rid, p) for p in positions])
+
+    def _tag_slots(self, full: list[int], values: list[int]) -> None:
+        """Write each full slot's tag, and its SWA peer's, as the owner's KV would land."""
         if not self.tags.enabled:
             return
-        values = [observe.Tags.value(rid, p) for p in positions]
         self.tags.write("full", full, values)
         if not self.pure and not self.ring:
-            pairs = [(self.model.peer[f], val) for f, val in zip(full, values) if f in self.model.peer]
+            peer = self.model.peer
+            pairs = [(peer[f], val) for f, val in zip(full, values) if f in peer]
             if pairs:
                 self.tags.write("swa", [s for s, _ in pairs], [val for _, val in pairs])
 
@@ -750,13 +754,13 @@ class Lockstep:
         self._cover(call if self.ps > 1 else "alloc", self._occupancy())
         i = 0
         for r, p, s in batch:
-            chunk = full[i : i + s - p]
             row = self.rows[r]
-            row.slots.extend(chunk)
+            row.slots.extend(full[i : i + s - p])
             row.append(res[i : i + s - p])
             i += s - p
-            if tags:
-                self._tag(r, range(p, s), chunk)
+        if tags:
+            # One write per pool for the whole batch: the slots in `full` order.
+            self._tag_slots(full, [observe.Tags.value(r, pos) for r, p, s in batch for pos in range(p, s)])
         return full
 
     def _short_sides(self, prefix: list[int], seq: list[int]) -> str:

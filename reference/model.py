@@ -648,21 +648,29 @@ class Model:
         """SPEC 2.5 layout of each request's new positions; returns the fresh pages."""
         ps = self.page_size
         fresh: dict[int, None] = {}
+        live, free, top = pool.live, pool.free, pool.num_pages
         i = 0
         for r, (p, s, last) in enumerate(zip(prefix_lens, seq_lens, last_locs)):
             k = layout.continued_count(p, s, ps)
             prev = last
             for pos in range(p, s):
                 slot = slots[i]
-                what = f"{side} (request {r}, position {pos})"
+                # The common case is tested inline; the checks that name what is wrong
+                # (and build the message) run only where it fails.
                 if pos < p + k or pos % ps:
-                    self._check_cont(pool, slot, prev, what, out)
+                    if slot != prev + 1 or slot // ps != prev // ps or slot in live:
+                        self._check_cont(pool, slot, prev, f"{side} (request {r}, position {pos})", out)
                 elif slot % ps:
-                    out.append(Violation(names.LAYOUT, f"{what} slot {slot} does not open a page"))
+                    out.append(Violation(names.LAYOUT, f"{side} (request {r}, position {pos}) slot {slot} does not open a page"))
                 else:
-                    if slot // ps in fresh:
-                        out.append(Violation(names.NO_DOUBLE_OWNERSHIP, f"{what} page {slot // ps} handed out twice in one call"))
-                    self._check_new(pool, slot, fresh, what, out)
+                    page = slot // ps
+                    if page in fresh or not 0 < page <= top or page not in free:
+                        what = f"{side} (request {r}, position {pos})"
+                        if page in fresh:
+                            out.append(Violation(names.NO_DOUBLE_OWNERSHIP, f"{what} page {page} handed out twice in one call"))
+                        self._check_new(pool, slot, fresh, what, out)
+                    else:
+                        fresh[page] = None
                 prev = slot
                 i += 1
         return fresh
