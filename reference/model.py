@@ -587,9 +587,7 @@ class Model:
         if len(full_slots) != n or len(set(full_slots)) != n:
             out.append(Violation(names.LAYOUT, f"alloc({n}) returned {len(full_slots)} slots, {len(set(full_slots))} distinct"))
             return out
-        fresh: dict[int, None] = {}
-        for s in full_slots:
-            self._check_new(self.full, s, fresh, "full", out)
+        fresh = self._fresh_slots(self.full, full_slots, "full", out)
         if self.pure:
             if out:
                 return out
@@ -597,12 +595,20 @@ class Model:
             return out
         if not self._check_swa_side(full_slots, swa_slots, out):
             return out
-        sfresh: dict[int, None] = {}
-        for s in swa_slots:
-            self._check_new(self.swa, s, sfresh, "SWA", out)
+        sfresh = self._fresh_slots(self.swa, swa_slots, "SWA", out)
         if not out:
             self._commit(full_slots, fresh, owners, swa_slots, sfresh)
         return out
+
+    def _fresh_slots(self, pool: _Pool, slots: list[int], what: str, out: list[Violation]) -> dict[int, None]:
+        """_check_new for each slot of an alloc(n) at page size 1, where a slot is its
+        own page: one subset test when all are free, the named checks otherwise."""
+        if pool.page_size == 1 and slots and 0 < min(slots) and max(slots) <= pool.num_pages and pool.free.issuperset(slots):
+            return dict.fromkeys(slots)
+        fresh: dict[int, None] = {}
+        for s in slots:
+            self._check_new(pool, s, fresh, what, out)
+        return fresh
 
     def alloc_extend(
         self,
