@@ -803,6 +803,12 @@ class Lockstep:
         for cell in shape:
             self.shapes[(method, cell)] += 1
 
+    def _below_sentinel(self, full_slots: list[int]) -> list[int]:
+        """The slots a free touched that have a mapping entry of their own: the last
+        entry is the -1 sentinel, not a slot's (an expanded last page can reach it)."""
+        top = self.model.mapping_len - 1
+        return [f for f in full_slots if f < top]
+
     def _debug_cell(self) -> tuple[str, ...]:
         """The cell of a call sglang's debug mode checks: only a paged hybrid has those
         checks (page ids released twice, segments' pages in step)."""
@@ -959,8 +965,7 @@ class Lockstep:
         if not ran:
             return False
         touched = layout.expand_to_pages(slots, self.ps) if self.ps > 1 else slots
-        top = m.mapping_len - 1
-        touched = [f for f in touched if f < top]
+        touched = self._below_sentinel(touched)
         if res is _TOLERATED:
             m.strand(slots)
         else:
@@ -1160,8 +1165,7 @@ class Lockstep:
         for idx, _ in segs:
             m.free("free_segment", idx)
             touched += layout.expand_to_pages(idx, self.ps)
-        top = m.mapping_len - 1
-        self._after_call([f for f in touched if f < top])
+        self._after_call(self._below_sentinel(touched))
         self.labels["freed by free_segments"] += 1
         return True
 
@@ -1608,8 +1612,7 @@ class Lockstep:
         if m.group_open:
             self.labels["group holding a free_page_ids"] += 1
         touched = layout.expand_to_pages(slots, self.ps) if self.ps > 1 else slots
-        top = m.mapping_len - 1
-        self._after_call([f for f in touched if f < top])
+        self._after_call(self._below_sentinel(touched))
         self.labels["freed by page id"] += 1
         if step.start == row.shared:
             self._retire(step.rid)
