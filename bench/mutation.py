@@ -85,6 +85,25 @@ def _order(name: str):
     return stem, int(n) if n.isdigit() else 0
 
 
+def refresh_harness() -> None:
+    """Copy the harness into mutants/ again. mutmut copies its ``also_copy`` paths only
+    when it creates mutants/, so without this a run after a change to properties/ (or
+    tests/) would measure the harness as it was then."""
+    import tomllib
+
+    work = ROOT / "mutants"
+    if not work.exists():
+        return
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
+    for rel in [*config.get("also_copy", []), "tests"]:
+        src, dst = ROOT / rel, work / rel
+        if src.is_dir():
+            shutil.rmtree(dst, ignore_errors=True)
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
+        elif src.exists():
+            shutil.copy2(src, dst)
+
+
 def run_mutmut(files, examples: int, max_children: int, every: int, names: list[str] | None = None) -> float:
     env = dict(os.environ, SWA_LOCKSTEP_MUTATION_EXAMPLES=str(examples), OMP_NUM_THREADS="1")
     mutmut = [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)]
@@ -102,6 +121,7 @@ def run_mutmut(files, examples: int, max_children: int, every: int, names: list[
         if every > 1:
             raise SystemExit("--every needs the mutants generated: run once without it first")
         mutmut += [f"impl.{f}.*" for f in files]
+    refresh_harness()
     t0 = time.monotonic()
     subprocess.run(["nice", "-n", "10", *mutmut], cwd=ROOT, env=env, check=False)
     return time.monotonic() - t0

@@ -723,6 +723,7 @@ class Lockstep:
                 opening = sum(1 for p in prefix if p % self.ps == 0)
                 self._cover(call, f"batch {bucket(len(batch))}",
                             "new page: " + ("none" if not opening else "all" if opening == len(batch) else "some"),
+                            *(("new page: several",) if opening > 1 else ()),
                             "order: " + ("sorted" if rids == sorted(rids) else "unsorted"), f"short: {short}", *self._debug_cell())
             else:
                 self._cover(call, f"batch {bucket(len(batch))}", self._prefix_kinds(batch), f"short: {short}", *self._debug_cell())
