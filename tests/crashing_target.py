@@ -1,8 +1,9 @@
 """Test-only targets that kill or break their process, for crash isolation (SPEC 5).
 
 `crash_on_second_admit`: the bundled allocator, except that in worker 0 of a campaign
-(or any process when FUZZ_CRASH_ALL=1) an allocation call after the first few ends
-the process with os._exit(3), as a segfault or a lost CUDA context would.
+(or any process when FUZZ_CRASH_ALL=1) the third allocation call on one allocator ends
+the process with os._exit(3), as a segfault or a lost CUDA context would. The count is
+per allocator, so the saved trace (the crashing example's steps) crashes again on replay.
 `raise_on_alloc`: raises RuntimeError from alloc_extend/alloc, as a CUDA device assert does.
 """
 
@@ -10,9 +11,6 @@ import multiprocessing
 import os
 
 from impl import make_allocator
-
-_calls = {"n": 0}
-
 
 def _crashes_here() -> bool:
     if os.environ.get("FUZZ_CRASH_ALL") == "1":
@@ -30,8 +28,8 @@ def crash_on_second_admit(config):
         original = getattr(cls, name)
 
         def call(self, *args, **kwargs):
-            _calls["n"] += 1
-            if _calls["n"] >= 3:
+            self._alloc_calls = getattr(self, "_alloc_calls", 0) + 1
+            if self._alloc_calls >= 3:
                 os._exit(3)
             return original(self, *args, **kwargs)
 
