@@ -266,7 +266,7 @@ def _index_tensor_fault(res, device: torch.device, n: int) -> str | None:
 
 def bucket(n: int) -> str:
     """Batch-size bucket for the coverage table."""
-    return "1" if n <= 1 else "2-4" if n <= 4 else "5-16" if n <= 16 else "17+"
+    return "1" if n <= 1 else "2-4" if n <= 4 else "5-16" if n <= 16 else "17-128" if n <= 128 else "129+"
 
 
 @dataclass

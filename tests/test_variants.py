@@ -33,7 +33,8 @@ BUDGET = 1500
 # measured on this generator and profile. Not strict: a generator change moves what
 # each seed draws, and a variant found on every seed must then say so (XPASS).
 NOT_ON_EVERY_SEED = {
-    "seed_release_paired_page": "found on seeds 0, 2, 3, 4 (1350, 264, 1200, 922 examples), not on seed 1 within the budget",
+    "seed_tail_zero_stale": "found on seeds 0, 1, 2 (14, 498, 648 examples), not on seeds 3, 4 within the budget",
+    "seed_release_paired_page": "found on seed 0 (1919 examples counted with filtered draws), not on seeds 1-4 within the budget",
 }
 
 # A config on which every variant's bug is live (hybrid, paged, no ring), and one in
