@@ -20,9 +20,9 @@ DEBUG_CELL = "debug mode, paged hybrid"
 # measured are counted and printed, not required: an interleaved free, a free_swa over
 # several cached entries, free_segments of 5 or more segments, a paged extend of 129+
 # requests (a busy server's first prefill: 13 calls in one sample, 27 in the next), a
-# paged decode of 129+ requests (51 calls in one sample, none in the next), a paged extend that
-# leaves a large pool over half full (22 calls in one sample, none in the next, while
-# alloc at page size 1 reached it in both).
+# paged decode of 129+ requests (51 calls in one sample, none in the next), a paged
+# extend that leaves a large pool over half full (22 calls in one sample, none in the
+# next, while alloc at page size 1 reached it in both).
 REQUIRED: dict[str, tuple[str, ...]] = {
     "alloc": ("batch 1", "batch 2-4", "batch 5-16", "batch 17-128", "batch 129+", "prefix: zero", "prefix: aligned", "prefix: mixed", *_SHORT, "empty input",
               "pool over 90 % full", "large pool over half full"),
