@@ -248,18 +248,15 @@ class LockstepMachine(RuleBasedStateMachine):
         else:
             count = data.draw(st.integers(65, BUSY_MAX), label="requests in flight")
         first = data.draw(st.lists(lengths(self.ls.ps, self._room()), min_size=count, max_size=count), label="first requests")
-
-        def admit(size: int) -> None:
-            for i in range(0, len(first), size):
-                self._go(Prefill(tuple((self._new_rid(), NEW, 0, n) for n in first[i : i + size])))
-
         # Many short prompts go in one prefill; a batch the pools refuse is admitted
         # again in smaller ones, as a scheduler retries what did not fit.
         if count > BATCH_MAX and data.draw(st.booleans(), label="one prefill"):
-            admit(count)
-            if self.next_rid - 1 in self.ls.rows:
+            rids = [self._new_rid() for _ in first]
+            self._go(Prefill(tuple((r, NEW, 0, n) for r, n in zip(rids, first))))
+            if rids[0] in self.ls.rows:
                 return
-        admit(BATCH_MAX)
+        for i in range(0, len(first), BATCH_MAX):
+            self._go(Prefill(tuple((self._new_rid(), NEW, 0, n) for n in first[i : i + BATCH_MAX])))
 
     # ------------------------------------------------------- scheduling
     @precondition(lambda self: self.ls is not None)
