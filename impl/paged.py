@@ -7,6 +7,7 @@ device and cost O(tokens + requests).
 
 from __future__ import annotations
 
+from array import array
 from typing import Optional
 
 import torch
@@ -73,6 +74,7 @@ def extend_layout(
     new_pages: torch.Tensor,
     page_size: int,
     extend_num_tokens: int,
+    host_lens: Optional[tuple] = None,
 ) -> torch.Tensor:
     """Slots for positions prefix..seq-1 of each request, requests in order.
 
@@ -86,12 +88,19 @@ def extend_layout(
     ``last_loc`` (K, B) with ``new_pages`` (K, P) gives K layouts (K, total)
     over the same lengths: the hybrid lays out its two pools in one pass,
     since only the page ids and the continuation slots differ between them.
+
+    ``host_lens``, the CPU copies (prefix_lens_cpu, seq_lens_cpu), lets a
+    small batch be laid out from its run table (``_extend_runs``): a few
+    tensor ops in place of some forty.
     """
     ps = page_size
     device = seq_lens.device
     total = int(extend_num_tokens)
     if total == 0:
         return torch.empty(tuple(last_loc.shape[:-1]) + (0,), dtype=torch.int64, device=device)
+    if host_lens is not None and host_lens[0].shape[0] + total // ps <= _RUNS_MAX:
+        pre, seq = host_lens[0].tolist(), host_lens[1].tolist()
+        return _extend_runs(pre, seq, _as_i64(last_loc, device), _as_i64(new_pages, device), ps, total)
     pre = _as_i64(prefix_lens, device)
     seq = _as_i64(seq_lens)
     ext = seq - pre
@@ -123,6 +132,44 @@ def extend_layout(
         fresh = new_pages.to(device).reshape(k, -1)[:, nth] * ps + in_page(pos, ps)
         out = torch.where(t < g[k], out, fresh)
     return out.reshape(last_loc.shape[:-1] + (total,))
+
+
+# Up to about this many runs (requests + new pages) the run table is built on
+# the host: a Python list costs some 40 ns a run, where the vectorized layout
+# costs about 40 tensor ops (60 us) whatever the batch.
+_RUNS_MAX = 256
+
+
+def _extend_runs(pre: list, seq: list, last_loc: torch.Tensor, new_pages: torch.Tensor, ps: int, total: int):
+    """``extend_layout`` from the host lengths, as runs of consecutive slots.
+
+    A request's new positions are one run continuing its prefix's last page
+    (last_loc + 1, ...), then one run a new page (page * ps, ...), its last
+    one partial. Each run's source is a column of ``starts`` (the B
+    continuation starts, then the P new pages' first slots), its output
+    offset and length are known from the lengths alone, so the whole layout
+    is one gather, one repeat and one add over the output.
+    """
+    src, off, length = [], [], []
+    at, page = 0, len(pre)  # output index; column of the next new page
+    for i, (a, b) in enumerate(zip(pre, seq)):
+        cont_end = min(b, -(-a // ps) * ps)
+        if cont_end > a:
+            src.append(i), off.append(at), length.append(cont_end - a)
+            at = at + cont_end - a
+        fresh = b - cont_end
+        if fresh > 0:
+            n = -(-fresh // ps)
+            src.extend(range(page, page + n))
+            off.extend(range(at, at + n * ps, ps))
+            length.extend([ps] * (n - 1))
+            length.append(fresh - (n - 1) * ps)
+            at, page = at + fresh, page + n
+    device = last_loc.device
+    table = torch.frombuffer(array("q", src + off + length), dtype=torch.int64).view(3, -1).to(device)
+    starts = torch.cat((last_loc + 1, new_pages * ps), dim=-1)
+    base = starts[..., table[0]] - table[1]
+    return base.repeat_interleave(table[2], dim=-1, output_size=total) + torch.arange(total, device=device)
 
 
 def decode_layout(

@@ -363,7 +363,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
                 return None
             both = extend_layout(
                 prefix_lens, seq_lens, torch.stack((_as_i64(last_loc), _as_i64(swa_last_loc))),
-                pages, self.page_size, extend_num_tokens,
+                pages, self.page_size, extend_num_tokens, (prefix_lens_cpu, seq_lens_cpu),
             )
             full, swa = both.unbind(0)
         else:
@@ -504,7 +504,12 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         if not self.new_pages_available(num_new_pages, num_new_pages):
             return None
         swa_last_loc = self.translate_loc_from_full_to_swa(last_loc)
-        if self._joint_layouts("_decode"):
+        if num_new_pages == 0 and self._joint_layouts("_decode"):
+            # Most decode steps open no page: every row goes on at last_loc + 1
+            # (decode_layout without pages), and two adds cost less than
+            # stacking the pools for one.
+            full, swa = _as_i64(last_loc) + 1, _as_i64(swa_last_loc) + 1
+        elif self._joint_layouts("_decode"):
             pages = self._take_both(num_new_pages)
             if pages is None:
                 return None
@@ -534,20 +539,45 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         """
         if free_index.numel() == 0:
             return
-        self.free_swa(free_index)
         cls = type(self)
-        if (
+        if not (
             cls.free_swa is SWATokenToKVPoolAllocator.free_swa
             and cls.free_full is SWATokenToKVPoolAllocator.free_full
             and cls._expand_to_full_pages is SWATokenToKVPoolAllocator._expand_to_full_pages
         ):
-            # This class's free_swa has just zeroed the mapping of every page
-            # free_index touches, so free_full's swa.peer_released check cannot
-            # fail here; a subclass that changes either half keeps the check.
-            self.full_attn_allocator.free(free_index)
-            assert self.full_attn_allocator.available_size() <= self.full_attn_allocator.size
+            self.free_swa(free_index)
+            self.free_full(free_index)
             return
-        self.free_full(free_index)
+        # This class's free_swa zeroes the mapping of every page free_index
+        # touches, so free_full's swa.peer_released check cannot fail after it;
+        # a subclass that changes either half keeps the check (above).
+        full = self.full_attn_allocator
+        if self._frees_whole_pages():
+            # Both halves need the touched full pages, each once: one unique
+            # serves both, and the SWA half reads one mapping row a page
+            # instead of one a freed index.
+            pages = torch.unique(self._page_of(_as_i64(free_index)))
+            self._release_swa(self._take_peer_rows(pages))
+            full.free_page_ids(pages)
+        else:
+            self.free_swa(free_index)
+            full.free(free_index)
+        assert full.available_size() <= full.size
+
+    def _frees_whole_pages(self) -> bool:
+        """Whether free() may hand both halves the deduplicated full pages: paged,
+        the torch layout, no free group open (a group dedups across its calls,
+        so it must hold the freed slots), and a full sub-allocator whose free is
+        PagedTokenToKVPoolAllocator's (freeing slots = free_page_ids of their
+        pages, each once)."""
+        full = type(self.full_attn_allocator)
+        return (
+            self.page_size > 1
+            and self.layout == "torch"
+            and self.free_group is None
+            and full.free is PagedTokenToKVPoolAllocator.free
+            and full.free_page_ids is PagedTokenToKVPoolAllocator.free_page_ids
+        )
 
     def free_swa(self, free_index: torch.Tensor) -> None:
         """Release the SWA peers of ``free_index`` (whole pages when paged) and
@@ -569,12 +599,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             # The expansion's slots are whole pages, so the mapping is read and
             # cleared as rows of a (page, offset) view: one row copy per index
             # in place of building every slot id. Same entries, same order.
-            rows = self._page_rows(self.full_to_swa_index_mapping)
-            pages = self._page_of(_as_i64(free_index))
-            swa = self._backend.gather(rows, pages).reshape(-1)
-            if self._swa_to_full is not None:
-                self._backend.zero_fill(self._swa_to_full, swa)
-            self._backend.zero_fill(rows, pages)
+            swa = self._take_peer_rows(self._page_of(_as_i64(free_index)))
         else:
             where = self._expand_to_full_pages(free_index)
             swa = self.full_to_swa_index_mapping[where]
@@ -587,6 +612,16 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             self.swa_free_group.append(swa)
             return
         self._release_swa(swa)
+
+    def _take_peer_rows(self, pages: torch.Tensor) -> torch.Tensor:
+        """The mapping rows of these full pages, flat (a page named twice is
+        read twice), then zeroed, with the reverse map's entries for them."""
+        rows = self._page_rows(self.full_to_swa_index_mapping)
+        swa = self._backend.gather(rows, pages).reshape(-1)
+        if self._swa_to_full is not None:
+            self._backend.zero_fill(self._swa_to_full, swa)
+        self._backend.zero_fill(rows, pages)
+        return swa
 
     def free_swa_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
         """``free_swa`` for positions start_pos.. of one request (sglang 0.5.23).

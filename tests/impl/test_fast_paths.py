@@ -3,7 +3,9 @@
 Host-side counts: Python ints for small batches, one torch pass for large ones
 (impl.paged._HOST_LIST_MAX); both must give get_num_new_pages and the same errors.
 Joint layouts: one extend/decode pass over two pools equals one pass per pool.
-The SWA release: dedup by marking equals torch.unique.
+Run-table extends (from the host lengths) equal the vectorized layout.
+The SWA release: dedup by marking equals torch.unique; the hybrid's free by
+deduplicated pages equals its free_swa then the full pool's free.
 """
 
 from __future__ import annotations
@@ -97,3 +99,56 @@ def test_release_dedup_by_marking_equals_unique(monkeypatch):
     assert run() == plain
     monkeypatch.setattr(swa, "_MARK_DEDUP_MIN", 1 << 30)
     assert run() == plain
+
+
+@pytest.mark.parametrize("ps", [2, 3, 16, 64])
+def test_run_table_extend_equals_the_vectorized_layout(ps, monkeypatch):
+    rng = random.Random(ps * 7)
+    for _ in range(200):
+        n = rng.randrange(1, 12)
+        pre = [rng.choice((0, ps, rng.randrange(0, 5 * ps))) for _ in range(n)]
+        seq = [p + rng.choice((1, ps - 1, ps, ps + 1, rng.randrange(1, 6 * ps))) for p in pre]
+        total = sum(seq) - sum(pre)
+        pages = get_num_new_pages(T(seq), ps, T(pre))
+        for k in (None, 2):
+            shape = (n,) if k is None else (k, n)
+            last = torch.tensor([rng.randrange(1, 10_000) for _ in range(n * (k or 1))]).reshape(shape)
+            new = torch.tensor([rng.randrange(1, 10_000) for _ in range(pages * (k or 1))]).reshape(shape[:-1] + (pages,))
+            plain = extend_layout(T(pre), T(seq), last, new, ps, total)
+            runs = extend_layout(T(pre), T(seq), last, new, ps, total, (T(pre), T(seq)))
+            assert torch.equal(runs, plain), (pre, seq, ps)
+    # Past _RUNS_MAX runs the vectorized layout serves.
+    def no_runs(*args):
+        raise AssertionError("the run table served a batch past _RUNS_MAX")
+
+    monkeypatch.setattr(paged, "_extend_runs", no_runs)
+    big = paged._RUNS_MAX + 1
+    lens = (T([0]), T([big * ps]))
+    out = extend_layout(*lens, T([-1]), T(list(range(1, big + 1))), ps, big * ps, lens)
+    assert torch.equal(out, (T(list(range(1, big + 1)))[:, None] * ps + torch.arange(ps)).reshape(-1))
+
+
+@pytest.mark.parametrize("ps", [2, 16])
+def test_free_by_pages_equals_free_swa_then_full_free(ps):
+    """free() outside a group takes the deduplicated pages to both halves; the
+    two-step path (free_swa, then the full pool's free) must leave the same state."""
+    def run(two_step):
+        rng = random.Random(ps)
+        a = make_allocator(dict(kind="hybrid", size=1 << 12, size_swa=1 << 11, page_size=ps, check_level="warn"))
+        rows = []
+        for _ in range(40):
+            n = rng.randrange(1, 5 * ps)
+            p = T([0])
+            rows.append(a.alloc_extend(p, p, T([n]), T([n]), T([-1]), n))
+            if rng.random() < 0.4:
+                got = [rows.pop(rng.randrange(len(rows))) for _ in range(min(len(rows), rng.randrange(1, 4)))]
+                idx = torch.cat(got)[torch.randperm(sum(map(len, got)), generator=torch.Generator().manual_seed(len(rows)))]
+                if two_step:
+                    a.free_swa(idx)
+                    a.full_attn_allocator.free(idx)
+                else:
+                    a.free(idx)
+        return [t.tolist() for t in (a.full_to_swa_index_mapping, a.swa_attn_allocator.free_pages,
+                                     a.full_attn_allocator.free_pages, a._swa_to_full)]
+
+    assert run(two_step=False) == run(two_step=True)
