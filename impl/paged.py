@@ -89,9 +89,11 @@ def extend_layout(
     over the same lengths: the hybrid lays out its two pools in one pass,
     since only the page ids and the continuation slots differ between them.
 
-    ``host_lens``, the CPU copies (prefix_lens_cpu, seq_lens_cpu), lets a
-    small batch be laid out from its run table (``_extend_runs``): a few
-    tensor ops in place of some forty.
+    A caller that holds the CPU copies of the lengths passes them as
+    ``host_lens`` (prefix_lens_cpu, seq_lens_cpu); a small batch is then laid
+    out from its run table (``_extend_runs``), a few tensor ops in place of
+    some forty. The choice depends on the call, never on the device, so a
+    CPU run takes the paths a GPU run takes.
     """
     ps = page_size
     device = seq_lens.device
@@ -101,6 +103,13 @@ def extend_layout(
     if host_lens is not None and host_lens[0].shape[0] + total // ps <= _RUNS_MAX:
         pre, seq = host_lens[0].tolist(), host_lens[1].tolist()
         return _extend_runs(pre, seq, _as_i64(last_loc, device), _as_i64(new_pages, device), ps, total)
+    return _extend_vectorized(prefix_lens, seq_lens, last_loc, new_pages, ps, total)
+
+
+def _extend_vectorized(prefix_lens, seq_lens, last_loc, new_pages, ps: int, total: int) -> torch.Tensor:
+    """``extend_layout`` in tensor ops on the device, a fixed count whatever the
+    batch: no host read, so it serves large batches and device-only lengths."""
+    device = seq_lens.device
     pre = _as_i64(prefix_lens, device)
     seq = _as_i64(seq_lens)
     ext = seq - pre

@@ -70,8 +70,10 @@ def test_joint_layouts_equal_one_per_pool(ps):
         new = [T(rng.sample(range(1, 500), pages)) for _ in range(2)]
         total = sum(seq) - sum(pre)
         both = extend_layout(T(pre), T(seq), torch.stack(lasts), torch.stack(new), ps, total)
+        vec = paged._extend_vectorized(T(pre), T(seq), torch.stack(lasts), torch.stack(new), ps, total)
         for k in range(2):
             assert torch.equal(both[k], extend_layout(T(pre), T(seq), lasts[k], new[k], ps, total))
+            assert torch.equal(vec[k], paged._extend_vectorized(T(pre), T(seq), lasts[k], new[k], ps, total))
         dpages = get_num_new_pages(seq_lens=T(seq), page_size=ps, decode=True) if min(seq) > 0 else 0
         if min(seq) > 0:
             dnew = [T(rng.sample(range(1, 500), dpages)) for _ in range(2)]
@@ -102,7 +104,7 @@ def test_release_dedup_by_marking_equals_unique(monkeypatch):
 
 
 @pytest.mark.parametrize("ps", [2, 3, 16, 64])
-def test_run_table_extend_equals_the_vectorized_layout(ps, monkeypatch):
+def test_run_table_extend_equals_the_vectorized_layout(ps):
     rng = random.Random(ps * 7)
     for _ in range(200):
         n = rng.randrange(1, 12)
@@ -114,18 +116,21 @@ def test_run_table_extend_equals_the_vectorized_layout(ps, monkeypatch):
             shape = (n,) if k is None else (k, n)
             last = torch.tensor([rng.randrange(1, 10_000) for _ in range(n * (k or 1))]).reshape(shape)
             new = torch.tensor([rng.randrange(1, 10_000) for _ in range(pages * (k or 1))]).reshape(shape[:-1] + (pages,))
-            plain = extend_layout(T(pre), T(seq), last, new, ps, total)
-            runs = extend_layout(T(pre), T(seq), last, new, ps, total, (T(pre), T(seq)))
+            plain = paged._extend_vectorized(T(pre), T(seq), last, new, ps, total)
+            runs = paged._extend_runs(pre, seq, last, new, ps, total)
             assert torch.equal(runs, plain), (pre, seq, ps)
-    # Past _RUNS_MAX runs the vectorized layout serves.
-    def no_runs(*args):
-        raise AssertionError("the run table served a batch past _RUNS_MAX")
+            assert torch.equal(extend_layout(T(pre), T(seq), last, new, ps, total, (T(pre), T(seq))), plain)
 
-    monkeypatch.setattr(paged, "_extend_runs", no_runs)
-    big = paged._RUNS_MAX + 1
-    lens = (T([0]), T([big * ps]))
-    out = extend_layout(*lens, T([-1]), T(list(range(1, big + 1))), ps, big * ps, lens)
-    assert torch.equal(out, (T(list(range(1, big + 1)))[:, None] * ps + torch.arange(ps)).reshape(-1))
+
+def test_extend_layout_takes_the_run_table_only_for_small_batches(monkeypatch):
+    ps, calls = 16, []
+    monkeypatch.setattr(paged, "_extend_runs", lambda *a: calls.append("runs") or torch.zeros(a[-1], dtype=torch.int64))
+    monkeypatch.setattr(paged, "_extend_vectorized", lambda *a: calls.append("vectorized") or torch.zeros(a[-1], dtype=torch.int64))
+    for pages in (1, paged._RUNS_MAX - 1, paged._RUNS_MAX):
+        lens = (T([0]), T([pages * ps]))
+        extend_layout(*lens, T([-1]), T(list(range(1, pages + 1))), ps, pages * ps, lens)
+    extend_layout(*lens, T([-1]), T([1]), ps, ps)  # no host lengths given: never the run table
+    assert calls == ["runs", "runs", "vectorized", "vectorized"]
 
 
 @pytest.mark.parametrize("ps", [2, 16])

@@ -233,7 +233,10 @@ def test_extend_layout_matches_a_per_position_oracle():
     last = [-1, 102, 207, 304, 400]
     n_new = get_num_new_pages(T(*seq), ps, T(*prefix))
     pages = torch.arange(50, 50 + n_new)
-    got = extend_layout(T(*prefix), T(*seq), T(*last), pages, ps, sum(seq) - sum(prefix)).tolist()
+    total = sum(seq) - sum(prefix)
+    got = extend_layout(T(*prefix), T(*seq), T(*last), pages, ps, total).tolist()
+    # Both ways the layout is computed: with the host lengths this small batch takes the run table.
+    assert extend_layout(T(*prefix), T(*seq), T(*last), pages, ps, total, (T(*prefix), T(*seq))).tolist() == got
     want, nxt = [], 50
     for pre, s, ll in zip(prefix, seq, last):
         first_page = -(-pre // ps)
