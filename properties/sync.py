@@ -56,6 +56,8 @@ HOST_READ_METHODS = frozenset({"tolist", "numpy"})
 ALLOWED: dict[str, tuple[frozenset[str], str]] = {
     "PagedTokenToKVPoolAllocator.free": (
         frozenset({"_unique2"}), "page dedup: the free list's length is a host number"),
+    "SWATokenToKVPoolAllocator.free": (
+        frozenset({"_unique2"}), "page dedup, once for both halves (it stands for the full pool's own)"),
     "PagedTokenToKVPoolAllocator.free_group_end": (
         frozenset({"_unique2"}), "page dedup of the held frees, as free does at once"),
     "SWATokenToKVPoolAllocator._release_swa": (
