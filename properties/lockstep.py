@@ -4,7 +4,8 @@ The driver plays the scheduler: it keeps each request's row (its full slots by
 position), turns a step into allocator calls, asks the model whether each call keeps
 the caller's contract, runs it on the target, and compares what the target returned
 and the state the call touched. A full census (every page, every peer) runs every
-`census_every` steps, after clear/resize/group end, and at the end.
+`census_every` steps, before and after clear/resize, after group end, and at the end;
+a refused call is held to the target's raw state as it was before the call.
 """
 
 from __future__ import annotations
@@ -239,6 +240,43 @@ class _Retracted:
     paired: list[bool]  # per own position: whether it held SWA KV when copied
 
 
+def _changes(before: dict, after: dict) -> list[str]:
+    """What differs between two raw reads of a target (Lockstep._raw_state), named:
+    pages a free list gained or lost (its order is the allocator's own), mapping
+    entries, where a live slot resolves, sizes."""
+    out = []
+    slots = before["resolved slots"]
+    for key, was in before.items():
+        now = after.get(key)
+        if key == "resolved slots":
+            continue
+        if isinstance(was, dict) and isinstance(now, dict):
+            out += [f"{k} was {was.get(k)}, is {now.get(k)}" for k in sorted(was.keys() | now.keys()) if was.get(k) != now.get(k)]
+            continue
+        if not isinstance(was, torch.Tensor) or not isinstance(now, torch.Tensor):
+            if was != now:
+                out.append(f"{key} was {was}, is {now}")
+            continue
+        if was.dtype != now.dtype or was.device != now.device or was.shape != now.shape:
+            if not (key.endswith("free list") and was.dtype == now.dtype and was.device == now.device):
+                out.append(f"{key} was {tuple(was.shape)} {was.dtype} on {was.device}, is {tuple(now.shape)} {now.dtype} on {now.device}")
+                continue
+        elif torch.equal(was, now):
+            continue
+        if key.endswith("free list"):
+            gained, lost = Counter(now.tolist()), Counter(was.tolist())
+            gained, lost = gained - lost, lost - gained
+            moved = [f"{how} pages {sorted(pages.elements())[:6]}" for how, pages in (("gained", gained), ("lost", lost)) if pages]
+            if moved:
+                out.append(f"the {key} {' and '.join(moved)}")
+            continue
+        where = (was != now).nonzero().reshape(-1).tolist()
+        i = where[0]
+        at = f"[{i}]" if key == "mapping" else f" of full slot {slots[i]}"
+        out.append(f"{key}{at} was {was[i].item()}, is {now[i].item()} ({len(where)} entries differ)")
+    return out
+
+
 def _same_device(named, device: torch.device) -> bool:
     """Whether a device a target names ("cuda", "cuda:0", a torch.device) is `device`;
     a name without an index matches any index of its type. Whatever names no device
@@ -440,9 +478,13 @@ class Lockstep:
             else:
                 self.labels[f"workload step breaks a contract, not sent: {contract.name}"] += 1
             return False, None
-        if reaction.kind != "run":
-            # Whatever is already wrong is named now, not blamed on the break below, and
-            # a break the model may not follow leaves a checked state behind it.
+        if reaction.kind == "raise":
+            # A refusal must leave the state as it was: read raw now, compared after.
+            # What was already wrong is left to the next census, which still comes.
+            state = self._raw_state()
+        elif reaction.kind != "run":
+            # An accepted break may end the run: whatever is already wrong is named
+            # now, before a restart would throw it away.
             self._fail(self.census_violations())
         before = observe.hits(self.alloc)
         try:
@@ -473,7 +515,7 @@ class Lockstep:
             # A guard owes the refusal: an error that is not the guard's is accepted
             # only if nothing changed, and is blamed on the guard if something did.
             blame = guard if guard and named != guard else names.ATOMIC
-            self._check_unchanged(what, blame, exc)
+            self._check_unchanged(what, blame, exc, state)
             if guard:
                 self.guard_refusals.append(self.index)
             self.labels[f"contract refused: {contract.name}"] += 1
@@ -492,10 +534,31 @@ class Lockstep:
         # swa.peer_mapped accepted hands out the padding slot: the model cannot follow.
         raise _Unchecked(f"{contract} accepted at level {self.level}")
 
-    def _check_unchanged(self, what: str, blame: str, exc: Exception) -> None:
-        v = self.census_violations()  # sizes included
+    def _check_unchanged(self, what: str, blame: str, exc: Exception, before: dict) -> None:
+        changed = _changes(before, self._raw_state(before["resolved slots"]))
         said = f"{type(exc).__name__}: {exc}".strip()
-        self._fail([Violation(blame, f"{what} raised ({said[:120]}) but changed state: {x}") for x in v])
+        self._fail([Violation(blame, f"{what} raised ({said[:120]}) but changed state: {x}") for x in changed])
+
+    def _raw_state(self, slots: list[int] | None = None) -> dict:
+        """Everything the census reads of the target, as read (tensors copied), so that
+        two reads compare in O(pool) tensor ops and not the census's Python set work:
+        the free lists, the mapping, sizes, capacities, the group's state, what each
+        sub-allocator says of its pool, and where attention resolves the live slots."""
+        a = self.alloc
+        state: dict = {"full free list": observe.free_page_tensor(a.full_attn_allocator).clone()}
+        if not self.pure and not self.ring:
+            state["SWA free list"] = observe.free_page_tensor(a.swa_attn_allocator).clone()
+        state["mapping"] = observe.mapping_tensor(a).clone()
+        state["sizes"] = observe.sizes(a)
+        state["capacities"] = observe.capacities(a)
+        state["free group"] = (getattr(a, "free_group", None) is not None, observe.outside_group(a))
+        state["sub-allocators"] = [observe.sub_facts(sub) for sub in observe.sub_allocators(a)]
+        if slots is None:
+            slots = [] if self.ring else list(self.model.full.live)
+        state["resolved slots"] = slots
+        for how, got in observe.resolve(a, slots).items():
+            state[how] = got.clone() if isinstance(got, torch.Tensor) else got
+        return state
 
     def _after_call(self, touched_full: list[int], returned_none: bool = False) -> None:
         """The state one call touched: sizes, the touched peers, the sentinel."""
@@ -1462,6 +1525,8 @@ class Lockstep:
     def _clear(self, step: Clear) -> None:
         if self.model.group_open:
             self.labels["clear inside a group"] += 1
+        # A clear wipes what a census would find (a leak, a stale peer): look first.
+        self.census()
         self._invoke("clear", self.alloc.clear, None)
         self.model.clear()
         self._forget_rows()
@@ -1469,7 +1534,10 @@ class Lockstep:
 
     def _resize(self, step: Resize) -> None:
         cfg = types.SimpleNamespace(full_max_total_num_tokens=step.size, swa_max_total_num_tokens=step.size_swa)
-        ran, _ = self._invoke(f"resize({step.size}, {step.size_swa})", lambda: self.alloc.resize(cfg), self.model.classify_resize(step.size, step.size_swa))
+        contract = self.model.classify_resize(step.size, step.size_swa)
+        if contract is None:
+            self.census()  # as before a clear: a resize starts the pools over
+        ran, _ = self._invoke(f"resize({step.size}, {step.size_swa})", lambda: self.alloc.resize(cfg), contract)
         if ran:
             self.model.resize(step.size, step.size_swa)
             self._forget_rows()
