@@ -4,7 +4,8 @@ The state machine's own workload (drawn by hypothesis, then kept as traces) repl
 in lockstep against a recording proxy of the bundled allocator; the recorded calls
 then replay on a fresh allocator with nothing else around them. Both are timed in this one run and the
 table gives lockstep time / bare time, with the census every 16 steps and with it off (the
-censuses before contract breaks, after clear/resize and on restarts still run then), and the
+censuses before accepted contract breaks, around clear/resize and on restarts still run
+then; a refused break is compared on raw state reads, timed as the driver's own), and the
 census-every-16 run with the time of every census taken out; the census's own cost is given
 per slot of the two pools.
 
