@@ -47,6 +47,11 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "load_cpu_copy": ("positions 1", "positions 2-4", "positions 5-16", "positions 17-128", "positions 129+"),
     "merge_and_sort_free": ("hybrid", "pure"),
     "new_pages_available": ("enough", "short"),
+    # Module functions (observe.MODULE_FUNCTIONS): the page count a scheduler sizes a
+    # paged batch by, and the layout kernels' torch stand-ins, held to each paged call.
+    "get_num_new_pages": ("extend", "decode"),
+    "alloc_extend_naive": ("new pages: none", "new pages: some"),
+    "alloc_decode_naive": ("new pages: none", "new pages: some"),
     "translate_loc_from_full_to_swa": (
         "via the KV pool's translate_loc_from_full_to_swa",
         "via translate_loc_from_full_to_swa",

@@ -302,6 +302,20 @@ def _index_tensor_fault(res, device: torch.device, n: int) -> str | None:
     return None
 
 
+def _is_count(value) -> bool:
+    """An int, or a one-element integer tensor (a page count some modules return so)."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() == 1 and not value.dtype.is_floating_point
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _batch_desc(prefix: list[int], seq: list[int]) -> str:
+    """A batch in a failure message: its lengths when it is short, else its size."""
+    if len(seq) <= 8:
+        return f"prefix_lens {prefix}, seq_lens {seq}"
+    return f"a batch of {len(seq)} requests ({sum(seq) - sum(prefix)} new positions)"
+
+
 def bucket(n: int) -> str:
     """Batch-size bucket for the coverage table."""
     return "1" if n <= 1 else "2-4" if n <= 4 else "5-16" if n <= 16 else "17-128" if n <= 128 else "129+"
@@ -402,6 +416,7 @@ class Lockstep:
         self.model = Model(c["kind"], c["size"], c["size_swa"], c["page_size"], c["need_sort"], c["ring_size"], c["req_slots"])
         self.device = self.alloc.full_to_swa_index_mapping.device
         self.tags = observe.Tags(self.alloc)
+        self.module_fns = observe.module_functions(self.alloc)
         self.rows = {}
         self.ghosts: dict[int, list[int]] = {}
         self.cache, self.locks, self.retracted = {}, Counter(), {}
@@ -767,6 +782,8 @@ class Lockstep:
         last = [self.rows[r].slots[-1] if p else -1 for r, p, _ in batch]
         short = self._short_sides(prefix, seq)
         self._check_pages_available(prefix, seq, short)
+        if self.ps > 1:
+            self._check_page_count(prefix, seq, what == "decode")
         if self.ps == 1:
             total = sum(seq) - sum(prefix)
             self._cover("alloc", f"batch {bucket(len(batch))}", self._prefix_kinds(batch), f"short: {short}")
@@ -810,6 +827,8 @@ class Lockstep:
             swa = None if full is None or self.ring else observe.peers(a, full)
             check = m.alloc_decode(seq, last, full, swa, rids) if what == "decode" else m.alloc_extend(prefix, seq, last, full, swa, rids)
             self._fail(check)
+            if full is not None:
+                self._check_layout_standin(what == "decode", prefix, seq, last, full)
         if full is None:
             self.labels["pool exhausted"] += 1
             self._after_call([], returned_none=True)
@@ -847,6 +866,58 @@ class Lockstep:
         self._cover("new_pages_available", "enough" if want else "short")
         if ran and bool(got) != want:
             self._fail(Violation(names.CAPACITY, f"new_pages_available({n}, {n}) is {got}, the model says {want} ({self.model.free_desc()})"))
+
+    def _check_page_count(self, prefix: list[int], seq: list[int], decode: bool) -> None:
+        """The page count the allocator's module offers (`get_num_new_pages`, on the
+        host copies of the lengths) must be the model's: sglang's schedulers size a
+        paged batch by it before they send it, and its allocators take that many pages."""
+        count = self.module_fns.get("get_num_new_pages")
+        if count is None:
+            return
+        seq_cpu = self._t(seq, True)
+        if decode:
+            what, fn = "get_num_new_pages(decode=True)", lambda: count(seq_lens=seq_cpu, page_size=self.ps, decode=True)
+        else:
+            pre_cpu = self._t(prefix, True)
+            what, fn = "get_num_new_pages", lambda: count(seq_lens=seq_cpu, page_size=self.ps, prefix_lens=pre_cpu)
+        self._cover("get_num_new_pages", "decode" if decode else "extend")
+        ran, got = self._invoke(what, fn, None)
+        want = layout.total_new_pages(prefix, seq, self.ps)
+        if ran and not (_is_count(got) and int(got) == want):
+            self._fail(Violation(names.CAPACITY, f"{what} is {got!r} for {_batch_desc(prefix, seq)} at page size {self.ps}, the model says {want}"))
+
+    def _check_layout_standin(self, decode: bool, prefix: list[int], seq: list[int], last: list[int], full: list[int]) -> None:
+        """The module's torch stand-in for the layout kernel (`alloc_extend_naive` /
+        `alloc_decode_naive`, the kernel's arguments), given the pages this legal call
+        took in the order it took them, must lay the batch out as the call did: SPEC 2.5
+        fixes the layout once the pages are known. Where the allocator runs the Triton
+        kernel, this is the kernel against its stand-in (SPEC 4.5)."""
+        name = "alloc_decode_naive" if decode else "alloc_extend_naive"
+        fn = self.module_fns.get(name)
+        if fn is None:
+            return
+        ps = self.ps
+        positions = (pos for p, s in zip(prefix, seq) for pos in range(p, s))
+        pages = [slot // ps for slot, pos in zip(full, positions) if pos % ps == 0]
+        out = torch.full((len(full),), -1, dtype=torch.int64, device=self.device)
+        pages_t, seq_t, last_t = self._t(pages), self._t(seq), self._last_loc(last)
+        if decode:
+            call = lambda: fn(seq_t, last_t, pages_t, out, ps, len(pages))
+        else:
+            pre_t = self._t(prefix)
+            call = lambda: fn(pre_t, seq_t, last_t, pages_t, out, ps, self.device)
+        self._cover(name, "new pages: some" if pages else "new pages: none")
+        ran, _ = self._invoke(name, call, None)
+        if not ran:
+            return
+        got = out.tolist()
+        if got != full:
+            call = "alloc_decode" if decode else "alloc_extend"
+            i = next(i for i, (g, f) in enumerate(zip(got, full)) if g != f)
+            self._fail(Violation(names.LAYOUT, (
+                f"{name}, given the {len(pages)} pages {call} took, lays out "
+                f"{_batch_desc(prefix, seq)} differently: entry {i} is {got[i]}, the call handed out {full[i]}"
+            )))
 
     def _prefix_kinds(self, batch: list[tuple[int, int, int]]) -> str:
         """Coverage: the prefixes of a prefill batch (zero, aligned, unaligned or mixed)."""

@@ -9,6 +9,8 @@ sub-pools hold a tag buffer (`kv_buffer`).
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 
@@ -53,6 +55,25 @@ def sub_allocators(alloc) -> list:
     if alloc.swa_attn_allocator is not subs[0]:
         subs.append(alloc.swa_attn_allocator)
     return subs
+
+
+# Functions an allocator's module publishes beside its classes, which sglang's schedulers
+# and kernels call: the page count a batch needs, and the torch stand-ins of the Triton
+# layout kernels (same arguments as the kernels).
+MODULE_FUNCTIONS = ("get_num_new_pages", "alloc_extend_naive", "alloc_decode_naive")
+
+
+def module_functions(alloc) -> dict[str, object]:
+    """Those of MODULE_FUNCTIONS that the module of the allocator's class, or of a
+    sub-allocator's class, defines or imports (the first found), by name."""
+    out = {}
+    for obj in (alloc, *sub_allocators(alloc)):
+        module = sys.modules.get(type(obj).__module__)
+        for name in MODULE_FUNCTIONS:
+            fn = getattr(module, name, None)
+            if name not in out and callable(fn):
+                out[name] = fn
+    return out
 
 
 def sub_facts(sub) -> dict[str, object]:
