@@ -1537,6 +1537,7 @@ class Lockstep:
         elif call in PAGED_CALLS:
             if self.ps == 1:
                 raise StepFormatError("call", f"{call} of no requests is a paged call")
+            self._check_page_count([], [], call == "alloc_decode")
             cpu, last = self._t([], True), self._last_loc([])
             if call == "alloc_extend":
                 fn = lambda: a.alloc_extend(none, cpu, none, cpu, last, 0)

@@ -6,14 +6,16 @@ import pytest
 
 from properties import observe
 from properties.lockstep import Lockstep, LockstepFailure, replay
-from properties.steps import Admit, Decode, Extend
+from properties.steps import Admit, Decode, Empty, Extend
 from properties.targets import resolve
 from tests.properties import module_fn_targets as faulty
 
 CONFIG = {"kind": "hybrid", "size": 64, "size_swa": 64, "page_size": 4, "check_level": "strict"}
 # Two requests from prefix 0 (3 pages), a chunk that continues one's page and opens
-# another, a decode inside the pages and one that opens a page.
-STEPS = [Admit(((0, 5), (1, 4))), Extend(((0, 2), (1, 1))), Decode((0, 1)), Decode((0, 1))]
+# another, a decode inside the pages and one that opens a page, then an extend and a
+# decode of no requests.
+STEPS = [Admit(((0, 5), (1, 4))), Extend(((0, 2), (1, 1))), Decode((0, 1)), Decode((0, 1)),
+         Empty("alloc_extend"), Empty("alloc_decode")]
 
 
 @pytest.fixture
@@ -41,6 +43,7 @@ def test_the_functions_are_found_in_the_allocators_module(fault):
     ("page count", "pool.capacity", "get_num_new_pages is 2 for prefix_lens [0, 0], seq_lens [5, 4] at page size 4, the model says 3", 0),
     ("extend stand-in", "alloc.layout", "alloc_extend_naive, given the 3 pages alloc_extend took, lays out", 0),
     ("decode stand-in", "alloc.layout", "alloc_decode_naive, given the 0 pages alloc_decode took", 2),
+    ("empty batch count", "pool.capacity", "get_num_new_pages is 1 for prefix_lens [], seq_lens [] at page size 4, the model says 0", 4),
 ])
 def test_a_wrong_module_function_fails_the_step_that_asked_it(fault, name, invariant, words, at):
     fault(name)
