@@ -780,10 +780,9 @@ class Lockstep:
         prefix = [p for _, p, _ in batch]
         seq = [s for _, _, s in batch]
         last = [self.rows[r].slots[-1] if p else -1 for r, p, _ in batch]
-        short = self._short_sides(prefix, seq)
-        self._check_pages_available(prefix, seq, short)
-        if self.ps > 1:
-            self._check_page_count(prefix, seq, what == "decode")
+        need = layout.total_new_pages(prefix, seq, self.ps)
+        short = self._short_sides(need)
+        self._check_pages_available(need, short)
         if self.ps == 1:
             total = sum(seq) - sum(prefix)
             self._cover("alloc", f"batch {bucket(len(batch))}", self._prefix_kinds(batch), f"short: {short}")
@@ -796,6 +795,7 @@ class Lockstep:
             owners = [r for r, p, s in batch for _ in range(s - p)]
             self._fail(m.alloc(total, full, swa, owners))
         else:
+            self._check_page_count(prefix, seq, need, what == "decode")
             contract = m.classify_paged("alloc_decode" if what == "decode" else "alloc_extend")
             contract = contract or m.classify_continuation(prefix, last)
             call = "alloc_decode" if what == "decode" else "alloc_extend"
@@ -846,31 +846,31 @@ class Lockstep:
             self._tag_slots(full, [observe.Tags.value(r, pos) for r, p, s in batch for pos in range(p, s)])
         return full
 
-    def _short_sides(self, prefix: list[int], seq: list[int]) -> str:
-        """Which pool cannot serve this batch: none, full, swa or both (coverage)."""
+    def _short_sides(self, n: int) -> str:
+        """Which pool cannot serve a batch that needs n new pages: none, full, swa or
+        both (coverage)."""
         m = self.model
-        n = layout.total_new_pages(prefix, seq, self.ps)
         full = len(m.full.free) < n
         swa = not (self.pure or self.ring) and len(m.swa.free) < n
         return "both" if full and swa else "full" if full else "swa" if swa else "none"
 
-    def _check_pages_available(self, prefix: list[int], seq: list[int], short: str) -> None:
-        """new_pages_available(n, n) for the pages this batch needs must say what the
+    def _check_pages_available(self, n: int, short: str) -> None:
+        """new_pages_available(n, n) for the n new pages a batch needs must say what the
         model says: a scheduler asks it before it forms the batch."""
         ask = getattr(self.alloc, "new_pages_available", None)
         if ask is None:
             return
-        n = layout.total_new_pages(prefix, seq, self.ps)
         ran, got = self._invoke(f"new_pages_available({n}, {n})", lambda: ask(n, n), None)
         want = short == "none"
         self._cover("new_pages_available", "enough" if want else "short")
         if ran and bool(got) != want:
             self._fail(Violation(names.CAPACITY, f"new_pages_available({n}, {n}) is {got}, the model says {want} ({self.model.free_desc()})"))
 
-    def _check_page_count(self, prefix: list[int], seq: list[int], decode: bool) -> None:
+    def _check_page_count(self, prefix: list[int], seq: list[int], want: int, decode: bool) -> None:
         """The page count the allocator's module offers (`get_num_new_pages`, on the
         host copies of the lengths) must be the model's: sglang's schedulers size a
-        paged batch by it before they send it, and its allocators take that many pages."""
+        paged batch by it before they send it, and its allocators take that many pages.
+        `want` is the model's count."""
         count = self.module_fns.get("get_num_new_pages")
         if count is None:
             return
@@ -882,7 +882,6 @@ class Lockstep:
             what, fn = "get_num_new_pages", lambda: count(seq_lens=seq_cpu, page_size=self.ps, prefix_lens=pre_cpu)
         self._cover("get_num_new_pages", "decode" if decode else "extend")
         ran, got = self._invoke(what, fn, None)
-        want = layout.total_new_pages(prefix, seq, self.ps)
         if ran and not (_is_count(got) and int(got) == want):
             self._fail(Violation(names.CAPACITY, f"{what} is {got!r} for {_batch_desc(prefix, seq)} at page size {self.ps}, the model says {want}"))
 
@@ -912,10 +911,10 @@ class Lockstep:
             return
         got = out.tolist()
         if got != full:
-            call = "alloc_decode" if decode else "alloc_extend"
+            method = "alloc_decode" if decode else "alloc_extend"
             i = next(i for i, (g, f) in enumerate(zip(got, full)) if g != f)
             self._fail(Violation(names.LAYOUT, (
-                f"{name}, given the {len(pages)} pages {call} took, lays out "
+                f"{name}, given the {len(pages)} pages {method} took, lays out "
                 f"{_batch_desc(prefix, seq)} differently: entry {i} is {got[i]}, the call handed out {full[i]}"
             )))
 
@@ -1537,7 +1536,7 @@ class Lockstep:
         elif call in PAGED_CALLS:
             if self.ps == 1:
                 raise StepFormatError("call", f"{call} of no requests is a paged call")
-            self._check_page_count([], [], call == "alloc_decode")
+            self._check_page_count([], [], 0, call == "alloc_decode")
             cpu, last = self._t([], True), self._last_loc([])
             if call == "alloc_extend":
                 fn = lambda: a.alloc_extend(none, cpu, none, cpu, last, 0)

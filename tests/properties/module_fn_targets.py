@@ -27,10 +27,10 @@ def make(config: dict):
 
 def get_num_new_pages(seq_lens, page_size, prefix_lens=None, decode=False):
     n = _page_count(seq_lens, page_size, prefix_lens=prefix_lens, decode=decode)
-    # One page short when a request starts on a page boundary: a scheduler sizing a
-    # batch by it admits more than the pool holds.
     if FAULT == "empty batch count" and not len(seq_lens):
         return 1
+    # One page short for a batch that needs two or more: a scheduler sizing a batch by
+    # it admits more than the pool holds.
     return n - 1 if FAULT == "page count" and n > 1 else n
 
 
