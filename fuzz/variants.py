@@ -890,8 +890,11 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     # crash: a segment free inside one partial page expands to no page at all, and the
     # allocator's own check that the segment's full and SWA pages agree trips first
     "expand_drops_page": ("pool.no_leak", "map.live", "swa.peer_released", "crash"),
-    # swa.peer_mapped: a legal segment free meets the neighbour slot whose peer was taken
-    "expand_adds_neighbour": ("map.sentinel", "pool.no_double_ownership", "map.live", "swa.peer_mapped"),
+    # swa.peer_mapped: a legal segment free meets the neighbour slot whose peer was taken;
+    # crash: in debug mode the allocator's own check that the segment's full and SWA
+    # pages agree sees the neighbour's page first (a segment free of a request that
+    # ends where the next one's page begins)
+    "expand_adds_neighbour": ("map.sentinel", "pool.no_double_ownership", "map.live", "swa.peer_mapped", "crash"),
     # group.deferred: the over-credited size seen inside an open group (more than the model there)
     "ring_counts_all_slots": ("pool.capacity", "alloc.atomic", "group.deferred"),
     "ring_cost_unrounded": ("pool.capacity",),

@@ -109,6 +109,18 @@ def lengths(draw, ps: int, room: int = 0) -> int:
     return draw(st.integers(1, 3 * ps + 2))
 
 
+def fit_to_pages(start: int, add: int, pages: int, ps: int) -> tuple[int, int]:
+    """What a scheduler's prefill adder admits of an entry that adds `add` tokens to a
+    prefix of `start`, with `pages` new pages left: (tokens, pages then left). Fewer
+    tokens than asked is a chunk cut at the end of the last page it can have (0: none
+    fits, though a prefix's partial last page may still take some)."""
+    have = -(-start // ps)  # pages the prefix holds already
+    need = -(-(start + add) // ps) - have
+    if need <= pages:
+        return add, pages - need
+    return (have + pages) * ps - start, 0
+
+
 class LockstepMachine(RuleBasedStateMachine):
     """Subclassed by `machine_for` with a target and a device."""
 
@@ -264,9 +276,15 @@ class LockstepMachine(RuleBasedStateMachine):
     def prefill(self, data):
         """A prefill batch of 1-16 entries in any order: new requests from prefix 0,
         cache hits (an aligned prefix of a cached entry, or a whole entry taken over
-        mid-page), and chunked continuations of live requests."""
+        mid-page), and chunked continuations of live requests.
+
+        Like a scheduler's prefill adder, the batch is sized to the pages the tighter
+        pool has left: the entry that does not fit is cut to what does (a chunk, its
+        rest for a later batch) and closes the batch (`fit_to_pages`). One batch in
+        four is not budgeted, as an estimate that ran over: pools run out mid-batch."""
         ps = self.ls.ps
         size = data.draw(st.integers(1, 4) if data.draw(st.integers(0, 3)) else st.integers(1, BATCH_MAX), label="batch size")
+        budget = None if data.draw(st.integers(0, 3), label="over budget") == 3 else self._room() // ps
         live = [r for r in self._live if self.ls.continuable(self.ls.rows[r].slots)]
         cached = self._cached()
         taken: set[int] = set()
@@ -278,21 +296,29 @@ class LockstepMachine(RuleBasedStateMachine):
             if kind == "continue" and live:
                 r = data.draw(st.sampled_from(live), label="continuing request")
                 live.remove(r)
-                batch.append((r, r, len(self.ls.rows[r].slots), add))
+                entry = (r, r, len(self.ls.rows[r].slots))
+            else:
+                entry = (self._new_rid(), NEW, 0)
+                free_entries = [e for e in cached if e not in taken and (len(self.ls.cache[e].slots) % ps == 0 or self.ls.continuable(self.ls.cache[e].slots))]
+                if kind == "hit" and free_entries:
+                    e = data.draw(st.sampled_from(free_entries), label="cached entry")
+                    n = len(self.ls.cache[e].slots)
+                    prefix = data.draw(st.integers(1, n), label="prefix")
+                    if prefix % ps and prefix != n:
+                        prefix -= prefix % ps  # a shared prefix ends on a page boundary
+                    prefix = prefix or n  # an unaligned whole entry is taken over
+                    taken.add(e)
+                    entry = (entry[0], e, prefix)
+            if budget is None:
+                batch.append((*entry, add))
                 continue
-            rid = self._new_rid()
-            free_entries = [e for e in cached if e not in taken and (len(self.ls.cache[e].slots) % ps == 0 or self.ls.continuable(self.ls.cache[e].slots))]
-            if kind == "hit" and free_entries:
-                e = data.draw(st.sampled_from(free_entries), label="cached entry")
-                n = len(self.ls.cache[e].slots)
-                prefix = data.draw(st.integers(1, n), label="prefix")
-                if prefix % ps and prefix != n:
-                    prefix -= prefix % ps  # a shared prefix ends on a page boundary
-                prefix = prefix or n  # an unaligned whole entry is taken over
-                taken.add(e)
-                batch.append((rid, e, prefix, add))
-                continue
-            batch.append((rid, NEW, 0, add))
+            fit, budget = fit_to_pages(entry[2], add, budget, ps)
+            if fit > 0:
+                batch.append((*entry, fit))
+            if fit < add:
+                break  # the chunk closes the batch
+        if not batch:
+            return
         order = data.draw(st.permutations(batch), label="batch order")
         self._go(Prefill(tuple(order)))
 
