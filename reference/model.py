@@ -404,14 +404,15 @@ class Model:
         the call does not look at the mapping."""
         ps = self.page_size
         debug = ps > 1 and not self.group_open  # page size 1 (pure included) has no checks
-        if len(set(pages)) != len(pages):
+        named = set(pages)
+        if len(named) != len(pages):
             return Contract("page_ids.twice", names.UNNOTICED, f"free_page_ids names a page twice: {pages[:6]}", debug)
         if 0 in pages:
             return Contract("page_ids.padding", names.UNNOTICED, "free_page_ids names page 0, the padding page", debug)
         free = [p for p in pages if p in self.full.free or not 1 <= p <= self.full.num_pages]
         if free:
             return Contract("page_ids.double", names.UNNOTICED, f"free_page_ids of pages {free[:4]} not in use", debug)
-        dead = [s for s in slots if s not in self.full.live or s // ps not in pages]
+        dead = [s for s in slots if s not in self.full.live or s // ps not in named]
         if dead or len(set(slots)) != len(slots):
             return Contract("free.double", names.UNNOTICED, f"free_page_ids: slots {dead[:4]} not in use or named twice")
         if row is not None:
