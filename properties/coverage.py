@@ -18,21 +18,19 @@ DEBUG_CELL = "debug mode, paged hybrid"
 # Every cell here is reachable by the workload; a test shows the ci profile reaches each.
 # Shapes the workload makes that the ci profile reached only a few times when last
 # measured are counted and printed, not required: an interleaved free, a free_swa over
-# several cached entries, free_segments of 5 or more segments, a paged extend of 129+
-# requests (a busy server's first prefill: 13 calls in one sample, 27 in the next), a
-# paged decode of 129+ requests (51 calls in one sample, none in the next), a paged
-# extend that leaves a large pool over half full (22 calls in one sample, none in the
-# next, while alloc at page size 1 reached it in both).
+# several cached entries, free_segments of 5 or more segments, a paged extend that
+# leaves a large pool over half full (22 calls in one sample, none in the next, while
+# alloc at page size 1 reached it in both).
 REQUIRED: dict[str, tuple[str, ...]] = {
     "alloc": ("batch 1", "batch 2-4", "batch 5-16", "batch 17-128", "batch 129+", "prefix: zero", "prefix: aligned", "prefix: mixed", *_SHORT, "empty input",
               "pool over 90 % full", "large pool over half full"),
     "alloc_extend": (
-        "batch 1", "batch 2-4", "batch 5-16", "batch 17-128",
+        "batch 1", "batch 2-4", "batch 5-16", "batch 17-128", "batch 129+",
         "prefix: zero", "prefix: aligned", "prefix: unaligned", "prefix: mixed", *_SHORT, "empty input",
         "pool over 90 % full", DEBUG_CELL,
     ),
     "alloc_decode": (
-        "batch 1", "batch 2-4", "batch 5-16", "batch 17-128",
+        "batch 1", "batch 2-4", "batch 5-16", "batch 17-128", "batch 129+",
         "new page: none", "new page: some", "new page: all",
         "order: sorted", "order: unsorted", "short: none", "short: full", "short: swa", "empty input", DEBUG_CELL,
     ),

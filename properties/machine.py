@@ -247,28 +247,34 @@ class LockstepMachine(RuleBasedStateMachine):
         self.window = window
         if currently_in_test_context():
             event(f"page_size {config['page_size']}, {config['kind']}{', ring' if config['ring_size'] else ''}, level {config['check_level']}")
-        # One server in four is already busy: dozens of requests running, one busy
-        # server in four hundreds (a serving engine caps its running batch in the
-        # hundreds), admitted in prefill batches as its scheduler forms them.
-        # The count is drawn first: a list strategy's average length is about five,
-        # whatever its bound, and a busy server's decode batches are its whole point.
-        busy = data.draw(st.integers(0, 3), label="busy") == 0
-        if not busy:
-            count = data.draw(st.integers(0, 4), label="requests in flight")
-        elif data.draw(st.integers(0, 3), label="hundreds"):
-            count = data.draw(st.integers(8, 64), label="requests in flight")
-        else:
-            count = data.draw(st.integers(65, BUSY_MAX), label="requests in flight")
-        first = data.draw(st.lists(lengths(self.ls.ps, self._room()), min_size=count, max_size=count), label="first requests")
-        # Many short prompts go in one prefill; a batch the pools refuse is admitted
-        # again in smaller ones, as a scheduler retries what did not fit.
-        if count > BATCH_MAX and data.draw(st.booleans(), label="one prefill"):
-            rids = [self._new_rid() for _ in first]
-            self._go(Prefill(tuple((r, NEW, 0, n) for r, n in zip(rids, first))))
-            if rids[0] in self.ls.rows:
-                return
-        for i in range(0, len(first), BATCH_MAX):
-            self._go(Prefill(tuple((self._new_rid(), NEW, 0, n) for n in first[i : i + BATCH_MAX])))
+        # A server is idle (a few requests in flight), busy (dozens) or at its cap
+        # (hundreds: a serving engine caps its running batch there), one in three
+        # each, admitted in prefill batches as its scheduler forms them. The count is
+        # drawn first: a list strategy's average length is about five, whatever its
+        # bound, and a busy server's decode batches are its whole point.
+        load = data.draw(st.integers(0, 2), label="load")
+        count = data.draw(st.integers(*((0, 4), (8, 64), (65, BUSY_MAX))[load]), label="requests in flight")
+        # A request's share of the room (its "any share" case) is its share of what
+        # the pools hold for all of them: a busy server's rows fit its pool together.
+        share = self._room() // max(1, count)
+        first = data.draw(st.lists(lengths(self.ls.ps, share), min_size=count, max_size=count), label="first requests")
+        # Many short prompts go in one prefill, or batches of up to 16 in turn, each
+        # budgeted by the prefill adder; between forwards the scheduler evicts what
+        # left the window, so a small SWA pool still holds hundreds of rows.
+        one = count > BATCH_MAX and data.draw(st.booleans(), label="one prefill")
+        for i in range(0, count, count if one else BATCH_MAX):
+            if i:
+                self._sweep()
+            budget = self._room() // self.ls.ps
+            batch = []
+            for n in first[i : i + (count if one else BATCH_MAX)]:
+                fit, budget = fit_to_pages(0, n, budget, self.ls.ps)
+                if fit > 0:
+                    batch.append((self._new_rid(), NEW, 0, fit))
+                if fit < n:
+                    break
+            if batch:
+                self._go(Prefill(tuple(batch)))
 
     # ------------------------------------------------------- scheduling
     @precondition(lambda self: self.ls is not None)
@@ -358,10 +364,7 @@ class LockstepMachine(RuleBasedStateMachine):
         after a decode step the scheduler evicts what left the window of every request
         that has any, one call each."""
         if data.draw(st.integers(0, 3), label="sweep") == 0:
-            for rid in self._evictable():
-                span = self._window_left(rid, sweep=True) if rid in self.ls.rows else None
-                if span:
-                    self._go(Evict(rid, *span))
+            self._sweep()
             return
         rid = data.draw(st.sampled_from(self._evictable()), label="request")
         row = self.ls.rows[rid]
@@ -374,6 +377,14 @@ class LockstepMachine(RuleBasedStateMachine):
                 hi = L  # the allocator evicts whole pages anyway
             hi = data.draw(st.integers(lo + 1, hi), label="evict to")
         self._go(Evict(rid, lo, hi))
+
+    def _sweep(self) -> None:
+        """What a scheduler evicts after a forward: for every request, one call for
+        the positions that left its window."""
+        for rid in self._evictable():
+            span = self._window_left(rid, sweep=True) if rid in self.ls.rows else None
+            if span:
+                self._go(Evict(rid, *span))
 
     def _window_left(self, rid: int, sweep: bool = False) -> tuple[int, int] | None:
         """The span of a request's oldest paired positions up to where its window
