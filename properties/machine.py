@@ -31,6 +31,7 @@ from properties.steps import (
     Evict, Finish, GroupBegin, GroupEnd, MergeSort, Prefill, Repair, Resize, Resume, Retract, Step,
 )
 from properties.targets import Target, resolve, unrefused_breaks
+from reference.layout import new_pages, pages_spanned
 
 # Every coverage label and every (method, argument shape) cell any run in this
 # process reached, for the closing summaries.
@@ -114,11 +115,10 @@ def fit_to_pages(start: int, add: int, pages: int, ps: int) -> tuple[int, int]:
     prefix of `start`, with `pages` new pages left: (tokens, pages then left). Fewer
     tokens than asked is a chunk cut at the end of the last page it can have (0: none
     fits, though a prefix's partial last page may still take some)."""
-    have = -(-start // ps)  # pages the prefix holds already
-    need = -(-(start + add) // ps) - have
+    need = new_pages(start, start + add, ps)
     if need <= pages:
         return add, pages - need
-    return (have + pages) * ps - start, 0
+    return (pages_spanned(start, ps) + pages) * ps - start, 0
 
 
 class LockstepMachine(RuleBasedStateMachine):

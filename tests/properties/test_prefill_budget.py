@@ -6,10 +6,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from properties.machine import fit_to_pages
+from reference.layout import new_pages
 
 
 def _pages(start, add, ps):
-    return -(-(start + add) // ps) - -(-start // ps)
+    return new_pages(start, start + add, ps)
 
 
 def test_an_entry_that_fits_is_taken_whole():
