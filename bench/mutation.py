@@ -1,7 +1,8 @@
 """Mutation score of the lockstep property over impl/ (SPEC 4.6; a benchmark, not CI).
 
     python bench/mutation.py [--examples N] [--files paged token ...] [--max-children K]
-                             [--every N] [--fresh] [--report-only] [--gaps | --survivors]
+                             [--every N] [--fresh] [--report-only]
+                             [--gaps | --survivors | --unclassified]
 
 Runs mutmut (configured in pyproject.toml, [tool.mutmut]) with
 ``tests/test_lockstep.py::test_lockstep`` as the only test, on the "mutation"
@@ -215,24 +216,35 @@ def main(argv=None) -> int:
         help="after a change to the harness: run again every mutant of the last results that was not killed and "
         "that bench/mutation_survivors.md does not show equivalent",
     )
+    p.add_argument(
+        "--unclassified", action="store_true",
+        help="run again only the mutants of the last results that were not killed and that "
+        "bench/mutation_survivors.md does not list (after a change that moved the workload's draws)",
+    )
     args = p.parse_args(argv)
-    if args.gaps and args.survivors:
-        p.error("--gaps and --survivors each choose the mutants to run again: give one")
+    if args.gaps + args.survivors + args.unclassified > 1:
+        p.error("--gaps, --survivors and --unclassified each choose the mutants to run again: give one")
     if min(args.examples, args.max_children, args.every) < 1:
         p.error("--examples, --max-children and --every must be >= 1")
-    if args.fresh and (args.gaps or args.survivors):
-        p.error("--fresh deletes the results --gaps and --survivors choose from")
+    if args.fresh and (args.gaps or args.survivors or args.unclassified):
+        p.error("--fresh deletes the results --gaps, --survivors and --unclassified choose from")
     wall = None
     names = None
     if not args.report_only:
         if args.fresh:
             shutil.rmtree(ROOT / "mutants", ignore_errors=True)
-        if args.survivors:
+        if args.survivors or args.unclassified:
             marks, results = classified(), load_results(args.files)
+            if not results:
+                p.error("no mutmut results under mutants/ to choose from; run once without "
+                        + ("--unclassified" if args.unclassified else "--survivors") + " first")
+            keep = (lambda n: n not in marks) if args.unclassified else (lambda n: marks.get(n) != "equivalent")
             names = sorted((n for n, code in results.items()
-                            if status_of(code) not in ("killed", "not run") and marks.get(n) != "equivalent"), key=_order)
+                            if status_of(code) not in ("killed", "not run") and keep(n)), key=_order)
             if not names:
-                p.error("--survivors: the last results hold no mutant that is not killed or shown equivalent")
+                flag = "--unclassified" if args.unclassified else "--survivors"
+                p.error(f"{flag}: the last results hold no mutant that is not killed and "
+                        + ("not listed in bench/mutation_survivors.md" if args.unclassified else "not shown equivalent"))
             # Which functions the test reaches is recorded once per run of the clean
             # test; a harness that now calls more of the impl must be measured again.
             (ROOT / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
@@ -245,7 +257,9 @@ def main(argv=None) -> int:
     if names:
         results = load_results(args.files)
         again = {n: status_of(results.get(n)) for n in names}
-        print(f"the {len(names)} {'gaps of bench/mutation_survivors.md' if args.gaps else 'survivors of the last results'}, run again: " + ", ".join(
+        which = ("gaps of bench/mutation_survivors.md" if args.gaps else
+                 "unclassified survivors of the last results" if args.unclassified else "survivors of the last results")
+        print(f"the {len(names)} {which}, run again: " + ", ".join(
             f"{k} {v}" for k, v in sorted(Counter(again.values()).items())))
         for n in names:
             print(f"  {n}  {again[n]}")
