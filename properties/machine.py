@@ -44,7 +44,7 @@ SHAPES_SEEN: Counter = Counter()
 PAGE_SIZES = (1, 1, 1, 1, 1, 2, 3, 4, 8, 16, 48, 64, 256)
 # Pools: a few pages (they run out), a serving pool, production scale.
 SCALES = ("tiny", "tiny", "tiny", "medium", "large")
-LARGE_SLOTS = 131072  # > 70,000 pages at page size 1
+LARGE_SLOTS = 131072  # a large pool holds a quarter of this to all of it: > 70,000 pages at page size 1
 BATCH_MAX = 16
 BUSY_MAX = 320
 DECODE_MAX = 256
@@ -65,10 +65,21 @@ def configs(draw, device: str = "cpu", fixed: dict | None = None) -> dict:
         pages = draw(st.integers(2, 12))
         swa_pages = draw(st.integers(2, 12))
     elif scale == "medium":
-        pages = draw(st.integers(64, 1024))
+        # Spread over each power of two from 64 to 8191 pages (no more slots than a
+        # large pool): a fault that starts at a table's or a dtype's bound (2^12
+        # pages, 2^15 slots, ...) sits anywhere between the round sizes.
+        top = max(64, LARGE_SLOTS // ps)
+        e = draw(st.integers(6, max(6, min(12, top.bit_length() - 1))))
+        pages = draw(st.integers(2**e, min(2 ** (e + 1) - 1, top)))
         swa_pages = draw(st.integers(16, pages))
     else:
-        pages = max(2, LARGE_SLOTS // ps + draw(st.integers(0, 7)))
+        # One band in three each: 2^15 to 2^16 slots, 2^16 to 2^17, and the top
+        # (page ids near 2^17 at page size 1).
+        band = draw(st.integers(0, 2))
+        if band == 2:
+            pages = max(2, LARGE_SLOTS // ps + draw(st.integers(0, 7)))
+        else:
+            pages = max(2, draw(st.integers(LARGE_SLOTS >> (2 - band), (LARGE_SLOTS >> (1 - band)) - 1)) // ps)
         swa_pages = max(2, pages // draw(st.sampled_from((1, 2, 4, 8))))
     if kind == "pure_swa":
         swa_pages = pages
