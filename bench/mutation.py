@@ -234,15 +234,14 @@ def main(argv=None) -> int:
         if args.fresh:
             shutil.rmtree(ROOT / "mutants", ignore_errors=True)
         if args.survivors or args.unclassified:
+            flag = "--unclassified" if args.unclassified else "--survivors"
             marks, results = classified(), load_results(args.files)
             if not results:
-                p.error("no mutmut results under mutants/ to choose from; run once without "
-                        + ("--unclassified" if args.unclassified else "--survivors") + " first")
+                p.error(f"no mutmut results under mutants/ to choose from; run once without {flag} first")
             keep = (lambda n: n not in marks) if args.unclassified else (lambda n: marks.get(n) != "equivalent")
             names = sorted((n for n, code in results.items()
                             if status_of(code) not in ("killed", "not run") and keep(n)), key=_order)
             if not names:
-                flag = "--unclassified" if args.unclassified else "--survivors"
                 p.error(f"{flag}: the last results hold no mutant that is not killed and "
                         + ("not listed in bench/mutation_survivors.md" if args.unclassified else "not shown equivalent"))
             # Which functions the test reaches is recorded once per run of the clean
