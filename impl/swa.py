@@ -31,6 +31,7 @@ from impl.base import BaseTokenToKVPoolAllocator, _check_page_aligned
 from impl.invariants import Bucket, Invariant, IsTrue, expect
 from impl.paged import (
     PagedTokenToKVPoolAllocator,
+    _HOST_LIST_MAX,
     _as_i64,
     decode_layout,
     extend_layout,
@@ -355,18 +356,26 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
                 extend_num_tokens, num_new_pages=num_new_pages,
             )
 
-        # Translate before allocating: the SWA row continues its own last slot.
-        swa_last_loc = self.translate_loc_from_full_to_swa(last_loc)
         if self._joint_layouts("_extend"):
             pages = self._take_both(num_new_pages)
             if pages is None:
                 return None
+            last = _as_i64(last_loc)
+            if len(prefix_lens_cpu) <= _HOST_LIST_MAX and not any(prefix_lens_cpu.tolist()):
+                # No row continues a page, so the layout reads neither pool's
+                # last slot: the full row's stands in for the SWA row's.
+                last = last.expand(2, -1)
+            else:
+                # The SWA row continues its own last slot.
+                last = torch.stack((last, _as_i64(self.translate_loc_from_full_to_swa(last_loc))))
             both = extend_layout(
-                prefix_lens, seq_lens, torch.stack((_as_i64(last_loc), _as_i64(swa_last_loc))),
-                pages, self.page_size, extend_num_tokens, (prefix_lens_cpu, seq_lens_cpu),
+                prefix_lens, seq_lens, last, pages, self.page_size, extend_num_tokens,
+                (prefix_lens_cpu, seq_lens_cpu),
             )
             full, swa = both.unbind(0)
         else:
+            # Translate before allocating: the SWA row continues its own last slot.
+            swa_last_loc = self.translate_loc_from_full_to_swa(last_loc)
             full = self.full_attn_allocator._extend(
                 prefix_lens, seq_lens, last_loc, extend_num_tokens, num_new_pages
             )
@@ -726,9 +735,18 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
     def _page_rows(self, table: torch.Tensor) -> torch.Tensor:
         """``table`` (indexed by slot, page 0 first) as a (page, offset) view of
-        its first whole pages, which hold every page a pool hands out."""
-        ps = self.page_size
-        return table[: table.shape[0] // ps * ps].view(-1, ps)
+        its first whole pages, which hold every page a pool hands out.
+
+        The view is made once per table (two tensor ops on every free
+        otherwise); a table put in another's place gets its own."""
+        views = self.__dict__.setdefault("_row_views", {})
+        held = views.get(id(table))
+        if held is None or held[0] is not table:
+            if len(views) > 4:
+                views.clear()
+            ps = self.page_size
+            held = views[id(table)] = (table, table[: table.shape[0] // ps * ps].view(-1, ps))
+        return held[1]
 
     def _page_of(self, slots: torch.Tensor) -> torch.Tensor:
         return page_of(slots, self.page_size)

@@ -157,3 +157,17 @@ def test_free_by_pages_equals_free_swa_then_full_free(ps):
                                      a.full_attn_allocator.free_pages, a._swa_to_full)]
 
     assert run(two_step=False) == run(two_step=True)
+
+
+def test_page_row_views_follow_a_replaced_table():
+    """The free reads and clears the mapping through a (page, offset) view made once
+    per table: a mapping put in the old one's place (a subclass's clear may do so)
+    is the one the next free clears, and the old tensor is left alone."""
+    a = make_allocator(dict(kind="hybrid", size=64, size_swa=64, page_size=4, check_level="strict"))
+    row = a.alloc_extend(T([0]), T([0]), T([6]), T([6]), T([-1]), 6)
+    a.free(a.alloc_extend(T([0]), T([0]), T([4]), T([4]), T([-1]), 4))  # the old table's view is made
+    old = a.full_to_swa_index_mapping
+    a.full_to_swa_index_mapping = old.clone()
+    a.free(row)
+    assert a.full_to_swa_index_mapping[row].eq(0).all()
+    assert old[row].ne(0).all()
