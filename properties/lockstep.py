@@ -783,9 +783,12 @@ class Lockstep:
         need = layout.total_new_pages(prefix, seq, self.ps)
         short = self._short_sides(need)
         self._check_pages_available(need, short)
+        # A batch past a prefill's 16 that meets a short pool: the scheduler's batch
+        # at scale under memory pressure, where a path for large batches is taken.
+        pressure = (f"batch 17+, short: {short}",) if len(batch) > 16 and short != "none" else ()
         if self.ps == 1:
             total = sum(seq) - sum(prefix)
-            self._cover("alloc", f"batch {bucket(len(batch))}", self._prefix_kinds(batch), f"short: {short}")
+            self._cover("alloc", f"batch {bucket(len(batch))}", self._prefix_kinds(batch), f"short: {short}", *pressure)
             ran, res = self._invoke(f"alloc({total})", lambda: a.alloc(total), m.classify_alloc(total))
             if not ran:
                 return None
@@ -804,9 +807,9 @@ class Lockstep:
                 self._cover(call, f"batch {bucket(len(batch))}",
                             "new page: " + ("none" if not opening else "all" if opening == len(batch) else "some"),
                             *(("new page: several",) if opening > 1 else ()),
-                            "order: " + ("sorted" if rids == sorted(rids) else "unsorted"), f"short: {short}", *self._debug_cell())
+                            "order: " + ("sorted" if rids == sorted(rids) else "unsorted"), f"short: {short}", *pressure, *self._debug_cell())
             else:
-                self._cover(call, f"batch {bucket(len(batch))}", self._prefix_kinds(batch), f"short: {short}", *self._debug_cell())
+                self._cover(call, f"batch {bucket(len(batch))}", self._prefix_kinds(batch), f"short: {short}", *pressure, *self._debug_cell())
             if what == "decode":
                 fn = lambda: a.alloc_decode(self._t(seq), self._t(seq, True), self._last_loc(last))
             else:
