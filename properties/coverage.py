@@ -33,6 +33,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
         "batch 1", "batch 2-4", "batch 5-16", "batch 17-128", "batch 129+",
         "new page: none", "new page: some", "new page: all",
         "order: sorted", "order: unsorted", "short: none", "short: full", "short: swa", "empty input", DEBUG_CELL,
+        "batch 17+, short: swa",
     ),
     "free": ("pieces: one request", "pieces: several requests", "empty input", DEBUG_CELL),
     "free_swa": ("pieces: one request", "empty input"),

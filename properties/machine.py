@@ -48,6 +48,8 @@ LARGE_SLOTS = 131072  # a large pool holds a quarter of this to all of it: > 70,
 BATCH_MAX = 16
 BUSY_MAX = 320
 DECODE_MAX = 256
+DECODE_RUN = 64
+DECODE_RUN_POSITIONS = 2048
 
 
 @st.composite
@@ -361,11 +363,20 @@ class LockstepMachine(RuleBasedStateMachine):
         else:
             rids = data.draw(st.lists(st.sampled_from(live), min_size=1, max_size=min(DECODE_MAX, len(live)), unique=True), label="decoding")
         steps = data.draw(st.integers(1, 2 * min(self.ls.ps, 8) + 1), label="decode steps")
+        # One run in four goes on until a pool cannot take the batch's next step, as a
+        # scheduler decodes until it must retract: at most DECODE_RUN steps and
+        # DECODE_RUN_POSITIONS positions in all.
+        until_refused = data.draw(st.integers(0, 3), label="until refused") == 0
+        if until_refused:
+            steps = max(steps, min(DECODE_RUN, DECODE_RUN_POSITIONS // len(rids)))
         for _ in range(steps):
             rids = [r for r in rids if r in self.ls.rows and self.ls.continuable(self.ls.rows[r].slots)]
             if not rids:
                 break
+            before = len(self.ls.rows[rids[0]].slots)
             self._go(Decode(tuple(rids)))
+            if until_refused and rids[0] in self.ls.rows and len(self.ls.rows[rids[0]].slots) == before:
+                break  # refused
 
     @precondition(lambda self: self._has_rows() and bool(self._evictable()))
     @rule(data=st.data())
