@@ -52,6 +52,12 @@ DECODE_RUN = 64
 DECODE_RUN_POSITIONS = 2048
 
 
+def power_band(e: int, top: int | None = None) -> st.SearchStrategy[int]:
+    """An integer from 2^e to 2^(e+1) - 1, at most `top`."""
+    hi = 2 ** (e + 1) - 1
+    return st.integers(2**e, hi if top is None else min(hi, top))
+
+
 @st.composite
 def configs(draw, device: str = "cpu", fixed: dict | None = None) -> dict:
     """A configuration of SPEC 4.1, from pools that run out to production scale.
@@ -72,7 +78,7 @@ def configs(draw, device: str = "cpu", fixed: dict | None = None) -> dict:
         # pages, 2^15 slots, ...) sits anywhere between the round sizes.
         top = max(64, LARGE_SLOTS // ps)
         e = draw(st.integers(6, max(6, min(12, top.bit_length() - 1))))
-        pages = draw(st.integers(2**e, min(2 ** (e + 1) - 1, top)))
+        pages = draw(power_band(e, top))
         swa_pages = draw(st.integers(16, pages))
     else:
         # One band in three each: 2^15 to 2^16 slots, 2^16 to 2^17, and the top
@@ -81,7 +87,7 @@ def configs(draw, device: str = "cpu", fixed: dict | None = None) -> dict:
         if band == 2:
             pages = max(2, LARGE_SLOTS // ps + draw(st.integers(0, 7)))
         else:
-            pages = max(2, draw(st.integers(LARGE_SLOTS >> (2 - band), (LARGE_SLOTS >> (1 - band)) - 1)) // ps)
+            pages = max(2, draw(power_band(LARGE_SLOTS.bit_length() - 3 + band)) // ps)
         swa_pages = max(2, pages // draw(st.sampled_from((1, 2, 4, 8))))
     if kind == "pure_swa":
         swa_pages = pages
