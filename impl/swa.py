@@ -567,7 +567,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             # instead of one a freed index.
             pages = torch.unique(self._page_of(_as_i64(free_index)))
             self._release_swa(self._take_peer_rows(pages))
-            full.free_page_ids(pages)
+            full._release_pages(pages)
         else:
             self.free_swa(free_index)
             full.free(free_index)
@@ -717,9 +717,12 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
                 order = torch.arange(n, device=pages.device)
                 self._backend.scatter(marks, pages, order)
                 pages = torch.sort(pages[self._backend.gather(marks, pages) == order]).values
-            # Plain indexing: page -1 (see above) must wrap, not raise.
+            # Plain indexing: page -1 (see above) must wrap, not raise. A page
+            # still paired is set to 0 in place (pages is this call's own), so
+            # one test drops it with page 0 and -1.
             still_paired = self._page_rows(self._swa_to_full)[pages].any(dim=1)
-            self.swa_attn_allocator.free_page_ids(pages[(pages > 0) & ~still_paired])
+            pages = pages.masked_fill_(still_paired, 0)
+            _release_page_ids(self.swa_attn_allocator, pages[pages > 0])
         assert self.swa_attn_allocator.available_size() <= self.swa_attn_allocator.size
 
     def _page_marks(self) -> torch.Tensor:
@@ -1039,6 +1042,16 @@ class PureSWATokenToKVPoolAllocator(SWATokenToKVPoolAllocator):
 # Releases from this many entries up are deduplicated by marking (see
 # SWATokenToKVPoolAllocator._release_swa).
 _MARK_DEDUP_MIN = 4096
+
+
+def _release_page_ids(sub, pages: torch.Tensor) -> None:
+    """``sub.free_page_ids(pages)`` for page ids made here (1-D int64, held by
+    no caller): the base class's call would copy them first, a subclass's
+    free_page_ids is called as it is."""
+    if type(sub).free_page_ids is PagedTokenToKVPoolAllocator.free_page_ids:
+        sub._release_pages(_as_i64(pages))
+    else:
+        sub.free_page_ids(pages)
 
 
 def is_swa_req_ring(allocator) -> bool:
