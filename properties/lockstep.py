@@ -1103,10 +1103,13 @@ class Lockstep:
             return False
         touched = layout.expand_to_pages(slots, self.ps) if self.ps > 1 else slots
         touched = self._below_sentinel(touched)
+        kept = m.kept_paired
         if res is _TOLERATED:
             m.strand(slots)
         else:
             m.free(call, slots)
+        if m.kept_paired > kept:
+            self.labels["SWA page kept: another full page still pairs into it"] += 1
         if m.group_open:
             self.labels[f"group holding a {call}"] += 1
         self._after_call(touched)

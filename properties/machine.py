@@ -450,9 +450,24 @@ class LockstepMachine(RuleBasedStateMachine):
         chunk starting anywhere inside its first page."""
         rid = data.draw(st.sampled_from(self._repairable()), label="request")
         lo, hi = data.draw(st.sampled_from(self._aligned_unpaired(rid)), label="run")
-        n = data.draw(st.integers(1, hi - lo), label="positions")
+        # What a load-back restores: any part of the evicted run, or all of it (the
+        # host held the whole prefix), or its last window's worth from that page on
+        # (what the request reads next, so the window later slides over it).
+        span = data.draw(st.sampled_from(("any", "whole", "window")), label="load-back span")
+        if span == "any":
+            n = data.draw(st.integers(1, hi - lo), label="positions")
+        else:
+            if span == "window":
+                lo = max(lo, hi - self.window) // self.ls.ps * self.ls.ps
+            n = hi - lo
         offset = data.draw(st.integers(0, self.ls.ps - 1), label="offset")
         self._go(Repair(rid, lo, n, offset))
+        ps = self.ls.ps
+        pages = -(-n // ps)
+        if pages > 1 and rid in self.ls.rows and data.draw(st.booleans(), label="window slides into it"):
+            # Decoding on, the window leaves the loaded positions behind a page at a time.
+            k = data.draw(st.integers(1, pages - 1), label="pages left behind")
+            self._go(Evict(rid, lo, lo + k * ps))
 
     def _segment_span(self, rid: int) -> tuple[int, int] | None:
         """Whole pages from the first one whose SWA KV free_swa_segment can release

@@ -14,6 +14,7 @@ REQUIRED_LABELS = (
     "window evicted",
     "evicted then re-paired",
     "re-paired from inside an SWA page",
+    "SWA page kept: another full page still pairs into it",
     "group holding a re-pair",
     "group holding a free",
     "group holding a free_swa",

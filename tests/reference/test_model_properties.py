@@ -669,6 +669,24 @@ def test_continuation_contracts():
     assert m.self_check() == []
 
 
+def test_release_keeps_an_swa_page_another_full_page_pairs_into():
+    """A load-back from inside an SWA page pairs two full pages into one SWA page; a
+    window eviction of the first leaves that page owned, and the model counts it."""
+    m = _hybrid(ps=4)
+    full = layout.extend_layout(0, 8, -1, [1, 2], 4)  # positions 0..7: slots 4..11
+    assert m.alloc_extend([0], [8], [-1], full, layout.extend_layout(0, 8, -1, [1, 2], 4), [0]) == []
+    assert m.free("free_swa", full) == []
+    assert m.kept_paired == 0
+    # Positions 0..7 paired again from offset 1 of a fresh SWA run: 13..20, so SWA
+    # page 4 (16..19) holds peers of both full pages.
+    assert m.swa_alloc(12, [12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23]) == []
+    assert m.set_mapping(full, list(range(13, 21))) == []
+    assert m.free("free_swa", full[:4]) == []
+    assert m.kept_paired == 1  # page 4: 17..19 still paired from full page 2
+    assert 4 not in m.swa.free and 3 in m.swa.free
+    assert m.self_check() == []
+
+
 def test_packed_tail_is_a_layout_violation():
     """A tail packed from offset 0 leaves the SWA row nothing a later decode can
     continue (FINDINGS.md), so the model wants the full side's in-page offsets."""
