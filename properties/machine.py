@@ -464,7 +464,8 @@ class LockstepMachine(RuleBasedStateMachine):
         self._go(Repair(rid, lo, n, offset))
         ps = self.ls.ps
         pages = -(-n // ps)
-        if pages > 1 and rid in self.ls.rows and data.draw(st.booleans(), label="window slides into it"):
+        loaded = rid in self.ls.rows and self._paired(self.ls.rows[rid].slots[lo])  # not refused
+        if pages > 1 and loaded and data.draw(st.booleans(), label="window slides into it"):
             # Decoding on, the window leaves the loaded positions behind a page at a time.
             k = data.draw(st.integers(1, pages - 1), label="pages left behind")
             self._go(Evict(rid, lo, lo + k * ps))
