@@ -454,15 +454,15 @@ class LockstepMachine(RuleBasedStateMachine):
         # host held the whole prefix), or its last window's worth from that page on
         # (what the request reads next, so the window later slides over it).
         span = data.draw(st.sampled_from(("any", "whole", "window")), label="load-back span")
-        ps = self.ls.ps
         if span == "any":
             n = data.draw(st.integers(1, hi - lo), label="positions")
         else:
             if span == "window":
-                lo = max(lo, hi - self.window) // ps * ps
+                lo = max(lo, hi - self.window) // self.ls.ps * self.ls.ps
             n = hi - lo
-        offset = data.draw(st.integers(0, ps - 1), label="offset")
+        offset = data.draw(st.integers(0, self.ls.ps - 1), label="offset")
         self._go(Repair(rid, lo, n, offset))
+        ps = self.ls.ps
         pages = -(-n // ps)
         loaded = rid in self.ls.rows and self._paired(self.ls.rows[rid].slots[lo])  # not refused
         if pages > 1 and loaded and data.draw(st.booleans(), label="window slides into it"):
