@@ -4,9 +4,10 @@
                              [--every N] [--fresh] [--report-only]
                              [--gaps | --survivors | --unclassified]
 
-Runs mutmut (configured in pyproject.toml, [tool.mutmut]) with
-``tests/test_lockstep.py::test_lockstep`` as the only test, on the "mutation"
-hypothesis profile (conftest.py: ci's derandomized search, ``--examples`` examples,
+Runs mutmut (configured in pyproject.toml, [tool.mutmut]) with the lockstep tests
+as its tests (``tests/test_lockstep.py::test_lockstep`` over the default target, and
+``tests/properties/test_general_paths.py`` over the general paths a subclass gets,
+which the default target never runs), on the "mutation" hypothesis profile (conftest.py: ci's derandomized search, ``--examples`` examples,
 no shrinking), then reads mutmut's results and prints:
 
 - total mutants, killed, survived, no tests (a mutant in a function the lockstep never
@@ -161,7 +162,7 @@ def report(files, examples: int, wall_s: float | None) -> dict:
     denominator = run - len(equivalent)
     score = counts["killed"] / denominator if denominator else 0.0
 
-    print(f"mutation score over impl/{{{','.join(files)}}}.py, lockstep test, {examples} examples per mutant")
+    print(f"mutation score over impl/{{{','.join(files)}}}.py, lockstep tests, {examples} examples per mutant")
     for key in ("killed", "survived", "no tests", "timeout", "suspicious", "not run"):
         print(f"  {key:<11} {counts[key]}")
     print(f"  {'total':<11} {len(results)} (run: {run})")
