@@ -87,7 +87,7 @@ def _build(cfg: dict):
         size = cfg["size_swa"]
         kvcache = SWAKVPool(size, size, page_size, device)
         return PureSWATokenToKVPoolAllocator(
-            size, page_size, dtype, device, kvcache, cfg["need_sort"], backend=cfg["backend"]
+            size, page_size, dtype, device, kvcache, cfg["need_sort"], **_asked(cfg, "backend")
         )
 
     req_pool = None
@@ -105,9 +105,16 @@ def _build(cfg: dict):
         kvcache,
         cfg["need_sort"],
         req_to_token_pool=req_pool,
-        backend=cfg["backend"],
-        layout=cfg["layout"],
+        **_asked(cfg, "backend", "layout"),
     )
+
+
+def _asked(cfg: dict, *keys: str) -> dict:
+    """The keyword arguments a configuration sets away from their defaults. The others
+    are left to the constructor's own defaults, as sglang's callers leave them (its
+    constructors have no such arguments), so those defaults are what every run that
+    asks nothing special builds with."""
+    return {k: cfg[k] for k in keys if cfg[k] != config_schema.DEFAULTS[k]}
 
 
 # The harness's target protocol calls the factory ``make``.

@@ -729,7 +729,8 @@ class Lockstep:
             # token count the pool was given, which no caller reads as capacity.
             sides = [("full_attn_allocator", m.size_full, "full_kv_pool"),
                      ("swa_attn_allocator", None if self.ring else m.size_swa, "swa_kv_pool")]
-        want_dtype = getattr(a, "dtype", None)
+        # A hybrid that has a dtype answers for its sub-allocators' dtype, a None too.
+        has_dtype, want_dtype = hasattr(a, "dtype"), getattr(a, "dtype", None)
         out = []
         if hasattr(a, "device") and not _same_device(a.device, self.device):
             out.append(Violation(names.DTYPE, f"the allocator's device is {a.device!r}, its mapping's is {self.device}"))
@@ -737,6 +738,9 @@ class Lockstep:
         ring = getattr(a, "swa_req_ring", None)
         if isinstance(ring, bool) and ring != self.ring:
             out.append(Violation(names.CAPACITY, f"swa_req_ring is {ring}, the configuration's ring_size is {self.config['ring_size']}"))
+        is_ring = self.module_fns.get("is_swa_req_ring")
+        if is_ring is not None and bool(is_ring(a)) != self.ring:
+            out.append(Violation(names.CAPACITY, f"is_swa_req_ring(allocator) is {is_ring(a)}, the configuration's ring_size is {self.config['ring_size']}"))
         if self.ring and hasattr(a, "swa_ring_cost_tokens") and a.swa_ring_cost_tokens != m.ring_cost:
             out.append(Violation(names.CAPACITY, f"swa_ring_cost_tokens is {a.swa_ring_cost_tokens}, the model says {m.ring_cost}"))
         for name, size, pool in sides:
@@ -752,7 +756,7 @@ class Lockstep:
             for key, want in wants.items():
                 if key in facts and facts[key] != want:
                     out.append(Violation(names.CAPACITY, f"{name}.{key} is {facts[key]}, the model says {want}"))
-            if want_dtype is not None and "dtype" in facts and facts["dtype"] != want_dtype:
+            if has_dtype and "dtype" in facts and facts["dtype"] != want_dtype:
                 out.append(Violation(names.DTYPE, f"{name}.dtype is {facts['dtype']}, the allocator's is {want_dtype}"))
             if "device" in facts and not _same_device(facts["device"], self.device):
                 out.append(Violation(names.DTYPE, f"{name}.device is {facts['device']!r}, the mapping's is {self.device}"))

@@ -58,9 +58,10 @@ def sub_allocators(alloc) -> list:
 
 
 # Functions an allocator's module publishes beside its classes, which sglang's schedulers
-# and kernels call: the page count a batch needs, and the torch stand-ins of the Triton
-# layout kernels (same arguments as the kernels).
-MODULE_FUNCTIONS = ("get_num_new_pages", "alloc_extend_naive", "alloc_decode_naive")
+# and kernels call: the page count a batch needs, the torch stand-ins of the Triton
+# layout kernels (same arguments as the kernels), and whether an allocator keeps SWA
+# rings per request.
+MODULE_FUNCTIONS = ("get_num_new_pages", "alloc_extend_naive", "alloc_decode_naive", "is_swa_req_ring")
 
 
 def module_functions(alloc) -> dict[str, object]:

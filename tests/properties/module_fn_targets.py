@@ -1,5 +1,5 @@
-"""Hybrid allocators whose module publishes a wrong page count or a wrong layout-kernel
-stand-in beside them, one fault each; the allocator itself is the bundled one.
+"""Hybrid allocators whose module publishes a wrong page count, a wrong layout-kernel
+stand-in or a wrong ring test beside them, one fault each; the allocator itself is the bundled one.
 The driver finds a module's functions through the module of the allocator's class."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from impl.paged import alloc_decode_naive as _decode_naive
 from impl.paged import alloc_extend_naive as _extend_naive
 from impl.paged import get_num_new_pages as _page_count
 from impl.swa import SWATokenToKVPoolAllocator
+from impl.swa import is_swa_req_ring as _is_ring
 
-FAULT = None  # which of the three functions below is wrong: set by the test
+FAULT = None  # which of the functions below is wrong: set by the test
 
 
 class Hybrid(SWATokenToKVPoolAllocator):
@@ -44,3 +45,8 @@ def alloc_decode_naive(seq_lens, last_loc, free_pages, out_indices, page_size, n
     _decode_naive(seq_lens, last_loc, free_pages, out_indices, page_size, num_new_pages)
     if FAULT == "decode stand-in" and num_new_pages == 0:
         out_indices.add_(1)  # skips a slot when the decode stays inside its pages
+
+
+def is_swa_req_ring(allocator):
+    # Reads the ring size where it should read the allocator's mode.
+    return _is_ring(allocator) if FAULT != "ring test" else allocator.page_size > 1

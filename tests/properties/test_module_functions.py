@@ -25,7 +25,7 @@ def fault(monkeypatch):
     return set_fault
 
 
-def test_the_bundled_impl_offers_all_three_and_agrees():
+def test_the_bundled_impl_offers_them_all_and_agrees():
     ls = Lockstep(CONFIG, resolve("impl"))
     assert set(ls.module_fns) == set(observe.MODULE_FUNCTIONS)
     ls = replay(CONFIG, STEPS, resolve("impl"))
@@ -51,3 +51,15 @@ def test_a_wrong_module_function_fails_the_step_that_asked_it(fault, name, invar
         replay(CONFIG, STEPS, faulty.make)
     got = failed.value
     assert (got.invariant, got.index) == (invariant, at) and words in str(got), str(got)
+
+
+def test_a_wrong_ring_test_fails_the_census(fault):
+    """is_swa_req_ring(allocator) must say what the configuration asked: sglang's
+    scheduler budgets SWA by rings where it says yes."""
+    fault("ring test")
+    with pytest.raises(LockstepFailure) as failed:
+        replay(CONFIG, STEPS[:1], faulty.make)
+    got = failed.value
+    assert got.invariant == "pool.capacity" and "is_swa_req_ring(allocator) is True, the configuration's ring_size is None" in str(got), str(got)
+    fault(None)
+    replay(CONFIG, STEPS, faulty.make)

@@ -245,6 +245,17 @@ def _sub_fact(side: str, **facts):
     return make
 
 
+def _hybrid_fact(**facts):
+    """The impl with the hybrid's own attributes changed after construction."""
+    def make(config):
+        a = make_allocator(config)
+        for key, value in facts.items():
+            setattr(a, key, value)
+        return a
+
+    return make
+
+
 def _rebound(cls):
     def make(config):
         a = make_allocator(config)
@@ -269,6 +280,7 @@ def _rebound(cls):
     (_rebound(_SizeSwaHalved), hybrid(4), [Prefill(((0, NEW, 0, 2),))], names.CAPACITY),
     (_rebound(_ResizeKeepsSubSize), hybrid(4), [Prefill(((0, NEW, 0, 5),)), Resize(32, 24)], names.CAPACITY),
     (_sub_fact("full_attn_allocator", dtype=torch.float16), hybrid(1), [Prefill(((0, NEW, 0, 2),))], names.DTYPE),
+    (_hybrid_fact(dtype=None), hybrid(4), [Prefill(((0, NEW, 0, 2),))], names.DTYPE),
     (_sub_fact("swa_attn_allocator", device="meta"), hybrid(4), [Prefill(((0, NEW, 0, 2),))], names.DTYPE),
     (_sub_fact("swa_attn_allocator", kvcache=lambda a: a.get_kvcache().full_kv_pool), hybrid(2), [Prefill(((0, NEW, 0, 2),))], names.KV_RESOLVE),
 ])
