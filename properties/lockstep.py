@@ -739,8 +739,9 @@ class Lockstep:
         if isinstance(ring, bool) and ring != self.ring:
             out.append(Violation(names.CAPACITY, f"swa_req_ring is {ring}, the configuration's ring_size is {self.config['ring_size']}"))
         is_ring = self.module_fns.get("is_swa_req_ring")
-        if is_ring is not None and bool(is_ring(a)) != self.ring:
-            out.append(Violation(names.CAPACITY, f"is_swa_req_ring(allocator) is {is_ring(a)}, the configuration's ring_size is {self.config['ring_size']}"))
+        said = self.ring if is_ring is None else is_ring(a)
+        if bool(said) != self.ring:
+            out.append(Violation(names.CAPACITY, f"is_swa_req_ring(allocator) is {said}, the configuration's ring_size is {self.config['ring_size']}"))
         if self.ring and hasattr(a, "swa_ring_cost_tokens") and a.swa_ring_cost_tokens != m.ring_cost:
             out.append(Violation(names.CAPACITY, f"swa_ring_cost_tokens is {a.swa_ring_cost_tokens}, the model says {m.ring_cost}"))
         for name, size, pool in sides:

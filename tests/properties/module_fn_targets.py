@@ -48,5 +48,5 @@ def alloc_decode_naive(seq_lens, last_loc, free_pages, out_indices, page_size, n
 
 
 def is_swa_req_ring(allocator):
-    # Reads the ring size where it should read the allocator's mode.
+    # Says yes for every paged allocator, ring or not.
     return _is_ring(allocator) if FAULT != "ring test" else allocator.page_size > 1

@@ -54,8 +54,8 @@ def test_a_wrong_module_function_fails_the_step_that_asked_it(fault, name, invar
 
 
 def test_a_wrong_ring_test_fails_the_census(fault):
-    """is_swa_req_ring(allocator) must say what the configuration asked: sglang's
-    scheduler budgets SWA by rings where it says yes."""
+    """is_swa_req_ring(allocator) must say what the configuration asked: its callers
+    budget the SWA side by request rings where it says yes."""
     fault("ring test")
     with pytest.raises(LockstepFailure) as failed:
         replay(CONFIG, STEPS[:1], faulty.make)
