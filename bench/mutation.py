@@ -7,8 +7,9 @@
 Runs mutmut (configured in pyproject.toml, [tool.mutmut]) with the lockstep tests
 as its tests (``tests/test_lockstep.py::test_lockstep`` over the default target, and
 ``tests/properties/test_general_paths.py`` over the general paths a subclass gets,
-which the default target never runs), on the "mutation" hypothesis profile (conftest.py: ci's derandomized search, ``--examples`` examples,
-no shrinking), then reads mutmut's results and prints:
+which the default target never runs), on the "mutation" hypothesis profile
+(conftest.py: ci's derandomized search, ``--examples`` examples, no shrinking), then
+reads mutmut's results and prints:
 
 - total mutants, killed, survived, no tests (a mutant in a function the lockstep never
   calls), timeouts, suspicious (a crash of the test process), and those not run yet;

@@ -1,6 +1,7 @@
 """Hybrid allocators whose module publishes a wrong page count, a wrong layout-kernel
-stand-in or a wrong ring test beside them, one fault each; the allocator itself is the bundled one.
-The driver finds a module's functions through the module of the allocator's class."""
+stand-in or a wrong ring test beside them, one fault each; the allocator itself is the
+bundled one. The driver finds a module's functions through the module of the
+allocator's class."""
 
 from __future__ import annotations
 

@@ -230,27 +230,17 @@ class _TailZeroWantsSwaPage(SWATokenToKVPoolAllocator):
         return super().alloc_extend_swa_tail(prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens, swa_tail_len)
 
 
-def _sub_fact(side: str, **facts):
-    """The impl with one sub-allocator's attributes changed after construction."""
+def _fact(side: str | None, **facts):
+    """The impl with attributes of one sub-allocator (`side`), or of the hybrid itself
+    (None), changed after construction."""
     def make(config):
         a = make_allocator(config)
-        sub = getattr(a, side)
+        sub = a if side is None else getattr(a, side)
         for key, value in facts.items():
             if key == "kvcache":
                 sub._kvcache = value(a)
             else:
                 setattr(sub, key, value)
-        return a
-
-    return make
-
-
-def _hybrid_fact(**facts):
-    """The impl with the hybrid's own attributes changed after construction."""
-    def make(config):
-        a = make_allocator(config)
-        for key, value in facts.items():
-            setattr(a, key, value)
         return a
 
     return make
@@ -279,10 +269,10 @@ def _rebound(cls):
     (_rebound(_RingCostUnrounded), hybrid(4, ring_size=5, req_slots=3), [Prefill(((0, NEW, 0, 2),))], names.CAPACITY),
     (_rebound(_SizeSwaHalved), hybrid(4), [Prefill(((0, NEW, 0, 2),))], names.CAPACITY),
     (_rebound(_ResizeKeepsSubSize), hybrid(4), [Prefill(((0, NEW, 0, 5),)), Resize(32, 24)], names.CAPACITY),
-    (_sub_fact("full_attn_allocator", dtype=torch.float16), hybrid(1), [Prefill(((0, NEW, 0, 2),))], names.DTYPE),
-    (_hybrid_fact(dtype=None), hybrid(4), [Prefill(((0, NEW, 0, 2),))], names.DTYPE),
-    (_sub_fact("swa_attn_allocator", device="meta"), hybrid(4), [Prefill(((0, NEW, 0, 2),))], names.DTYPE),
-    (_sub_fact("swa_attn_allocator", kvcache=lambda a: a.get_kvcache().full_kv_pool), hybrid(2), [Prefill(((0, NEW, 0, 2),))], names.KV_RESOLVE),
+    (_fact("full_attn_allocator", dtype=torch.float16), hybrid(1), [Prefill(((0, NEW, 0, 2),))], names.DTYPE),
+    (_fact(None, dtype=None), hybrid(4), [Prefill(((0, NEW, 0, 2),))], names.DTYPE),
+    (_fact("swa_attn_allocator", device="meta"), hybrid(4), [Prefill(((0, NEW, 0, 2),))], names.DTYPE),
+    (_fact("swa_attn_allocator", kvcache=lambda a: a.get_kvcache().full_kv_pool), hybrid(2), [Prefill(((0, NEW, 0, 2),))], names.KV_RESOLVE),
 ])
 def test_driver_names_the_fault(target, config, steps, invariant):
     with pytest.raises(LockstepFailure) as info:
