@@ -881,7 +881,9 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     # Its free reaches the SWA side's guard before the debug refusal of a bad free.
     "group_raw_full_first": ("map.live", "alloc.atomic", "group.deferred", "swa.peer_mapped"),
     # pool.no_leak: a later segment finish of the page's other tokens meets the stale peers
-    "free_swa_token_only": ("map.live", "pool.no_leak"),
+    # pool.no_double_ownership: the freed SWA page is in the free list while the full
+    # page's other tokens still pair into it, free and owned at once
+    "free_swa_token_only": ("map.live", "pool.no_leak", "pool.no_double_ownership"),
     "seed_tail_zero_stale": ("map.live",),
     "release_padding": ("pool.padding_reserved", "crash"),  # crash: the allocator's own capacity assert trips first
     # crash: the flush's own assert; alloc.layout: the flush freed slot 0 once for each

@@ -1153,6 +1153,9 @@ class Lockstep:
         # As a load-back passes them: the request's int32 row view, and a slice of the
         # SWA slots the sub-allocator just returned.
         full_idx, swa_idx = self._holder(step.rid).view(lo, lo + n), res[off : off + n]
+        if step.swa_int32:
+            swa_idx = swa_idx.to(torch.int32)
+            self.labels["re-paired from int32 SWA indices"] += 1
         ran, _ = self._invoke("set_full_to_swa_mapping", lambda: a.set_full_to_swa_mapping(full_idx, swa_idx), None)
         m.set_mapping(full, swa)
         self.labels["evicted then re-paired"] += 1

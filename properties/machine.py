@@ -16,6 +16,7 @@ slots.
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 
 from hypothesis import event, note, reject
@@ -59,16 +60,18 @@ def power_band(e: int, top: int | None = None) -> st.SearchStrategy[int]:
 
 
 @st.composite
-def configs(draw, device: str = "cpu", fixed: dict | None = None) -> dict:
+def configs(draw, device: str = "cpu", fixed: dict | None = None, serving: bool = False) -> dict:
     """A configuration of SPEC 4.1, from pools that run out to production scale.
 
     `fixed` pins keys; the others are drawn to fit them (sizes are whole pages of a
-    fixed page size, pure SWA only at page size 1)."""
+    fixed page size, pure SWA only at page size 1). `serving`: a pool for a server
+    that runs dozens or hundreds of requests at once: small, serving or production
+    scale, one in three each (not three in five small, as for an idle server)."""
     fixed = fixed or {}
     kinds = ("hybrid", "hybrid", "hybrid") + (("pure_swa",) if fixed.get("page_size", 1) == 1 else ())
     kind = fixed.get("kind") or draw(st.sampled_from(kinds))
     ps = fixed.get("page_size") or (1 if kind == "pure_swa" else draw(st.sampled_from(PAGE_SIZES)))
-    scale = draw(st.sampled_from(SCALES))
+    scale = draw(st.sampled_from(("tiny", "medium", "large") if serving else SCALES))
     if scale == "tiny":
         pages = draw(st.integers(2, 12))
         swa_pages = draw(st.integers(2, 12))
@@ -127,6 +130,17 @@ def lengths(draw, ps: int, room: int = 0) -> int:
     if kind < 4:
         return draw(st.integers(1, max(1, ps // 2)))
     return draw(st.integers(1, 3 * ps + 2))
+
+
+def in_some_order(data, items: list, label: str) -> list:
+    """`items` in a drawn order: any permutation for a batch of up to BATCH_MAX, and a
+    seeded shuffle (one choice) for a larger one. A permutation costs a choice an
+    item, and hypothesis ends an example at 8 KB of choices: a busy server's decode
+    batch of hundreds of requests, drawn so, overran it and never ran."""
+    if len(items) <= BATCH_MAX:
+        return data.draw(st.permutations(items), label=label)
+    seed = data.draw(st.integers(0, 2**32 - 1), label=f"{label} (shuffle seed)")
+    return random.Random(seed).sample(items, len(items))
 
 
 def fit_to_pages(start: int, add: int, pages: int, ps: int) -> tuple[int, int]:
@@ -249,7 +263,11 @@ class LockstepMachine(RuleBasedStateMachine):
         """Build both sides; the server starts with a few requests in flight, so a run
         whose swarm switched admission off still has rows to work on."""
         cls = type(self)
-        config = data.draw(configs(self.device, cls.fixed), label="config")
+        # A server is idle (a few requests in flight), busy (dozens) or at its cap
+        # (hundreds: a serving engine caps its running batch there), one in three
+        # each. A busy server's pool is more often one that holds them (configs).
+        load = data.draw(st.integers(0, 2), label="load")
+        config = data.draw(configs(self.device, cls.fixed, serving=load > 0), label="config")
         census = census_every_for(config, cls.census_every)
         try:
             if cls.peer is None:
@@ -266,12 +284,9 @@ class LockstepMachine(RuleBasedStateMachine):
         self.window = window
         if currently_in_test_context():
             event(f"page_size {config['page_size']}, {config['kind']}{', ring' if config['ring_size'] else ''}, level {config['check_level']}")
-        # A server is idle (a few requests in flight), busy (dozens) or at its cap
-        # (hundreds: a serving engine caps its running batch there), one in three
-        # each, admitted in prefill batches as its scheduler forms them. The count is
-        # drawn first: a list strategy's average length is about five, whatever its
-        # bound, and a busy server's decode batches are its whole point.
-        load = data.draw(st.integers(0, 2), label="load")
+        # Its requests are admitted in prefill batches as its scheduler forms them.
+        # The count is drawn first: a list strategy's average length is about five,
+        # whatever its bound, and a busy server's decode batches are its whole point.
         count = data.draw(st.integers(*((0, 4), (8, 64), (65, BUSY_MAX))[load]), label="requests in flight")
         # A request's share of the room (its "any share" case) is its share of what
         # the pools hold for all of them: a busy server's rows fit its pool together.
@@ -365,7 +380,7 @@ class LockstepMachine(RuleBasedStateMachine):
         different steps, several in one step."""
         live = self._decodable()
         if data.draw(st.booleans(), label="all running"):
-            rids = data.draw(st.permutations(live[:DECODE_MAX]), label="decoding")
+            rids = in_some_order(data, live[:DECODE_MAX], "decoding")
         else:
             rids = data.draw(st.lists(st.sampled_from(live), min_size=1, max_size=min(DECODE_MAX, len(live)), unique=True), label="decoding")
         steps = data.draw(st.integers(1, 2 * min(self.ls.ps, 8) + 1), label="decode steps")
@@ -419,15 +434,26 @@ class LockstepMachine(RuleBasedStateMachine):
         begins (at least one position), or None where it has no paired position; in
         a sweep, None also where no paired position has left the window."""
         row = self.ls.rows[rid]
-        runs = self._runs(row.slots, True, row.shared)
-        if not runs:
+        slots, L, ps, paired = row.slots, len(row.slots), self.ls.ps, self._paired
+        lo = next((p for p in range(row.shared, L) if paired(slots[p])), None)
+        if lo is None:
             return None
-        lo, hi = runs[0]
-        L = len(row.slots)
-        if sweep and L - self.window <= lo:
-            return None
-        end = hi if self.ls.ps == 1 else L  # at page size 1 a slot with no peer cannot be evicted
-        return lo, min(max(lo + 1, L - self.window), end)
+        if sweep:
+            # A scheduler's sweep (sglang's free_swa_out_of_window_slots) frees only the
+            # whole pages that left the window: the page the window starts in keeps its
+            # SWA KV, and with it the request's last position, which decodes on.
+            limit = L - self.window if ps == 1 else (L - self.window) // ps * ps
+            if limit <= lo:
+                return None
+        else:
+            limit = max(lo + 1, L - self.window)
+        if ps > 1:
+            return lo, limit
+        # At page size 1 a slot with no peer cannot be evicted: the span stops at one.
+        hi = lo + 1
+        while hi < limit and paired(slots[hi]):
+            hi += 1
+        return lo, hi
 
     def _aligned_unpaired(self, rid: int) -> list[tuple[int, int]]:
         """Unpaired own runs from their first page boundary on: a load-back starts on a full page."""
@@ -438,8 +464,10 @@ class LockstepMachine(RuleBasedStateMachine):
 
     def _repairable(self) -> list[int]:
         def has_aligned_unpaired(r):
-            row, ps = self.ls.rows[r], self.ls.ps
-            return any(not self._paired(row.slots[p]) for p in range(row.shared, len(row.slots), ps))
+            # Asked before every step: set operations, not a Python loop over a long row.
+            row, ls = self.ls.rows[r], self.ls
+            heads = row.slots[row.shared :: ls.ps]
+            return RELEASED in heads if ls.pure else not ls.model.peer.keys() >= set(heads)
 
         return self._cached_for_step("repairable", lambda: [r for r in self._live if has_aligned_unpaired(r)])
 
@@ -461,7 +489,7 @@ class LockstepMachine(RuleBasedStateMachine):
                 lo = max(lo, hi - self.window) // self.ls.ps * self.ls.ps
             n = hi - lo
         offset = data.draw(st.integers(0, self.ls.ps - 1), label="offset")
-        self._go(Repair(rid, lo, n, offset))
+        self._go(Repair(rid, lo, n, offset, data.draw(st.booleans(), label="SWA indices int32")))
         ps = self.ls.ps
         pages = -(-n // ps)
         loaded = rid in self.ls.rows and self._paired(self.ls.rows[rid].slots[lo])  # not refused
@@ -470,31 +498,43 @@ class LockstepMachine(RuleBasedStateMachine):
             k = data.draw(st.integers(1, pages - 1), label="pages left behind")
             self._go(Evict(rid, lo, lo + k * ps))
 
+    def _segment_page_ok(self, row, p: int) -> bool:
+        """Whether free_swa_segment can release the page at position `p` of `row`: its
+        representative paired, and the page in step with its full page."""
+        ls, ps = self.ls, self.ls.ps
+        s = row.slots[p]
+        if ls.pure:
+            return s != RELEASED
+        peer = ls.model.peer.get(s)
+        return peer is not None and peer % ps == s % ps and all(
+            ls.model.peer.get(x, -1) - peer == x - s for x in row.slots[p : min(p + ps, len(row.slots))])
+
     def _segment_span(self, rid: int) -> tuple[int, int] | None:
-        """Whole pages from the first one whose SWA KV free_swa_segment can release
-        (every representative paired, in step with its full page), as far as they go."""
+        """Whole pages from the first one whose SWA KV free_swa_segment can release, as
+        far as they go."""
         ls, ps = self.ls, self.ls.ps
         row = ls.rows[rid]
         L = len(row.slots)
         if ls.ring:
             return (row.shared, L) if row.shared < L else None
-        def ok(p):
-            s = row.slots[p]
-            if ls.pure:
-                return s != RELEASED
-            peer = ls.model.peer.get(s)
-            return peer is not None and peer % ps == s % ps and all(
-                ls.model.peer.get(x, -1) - peer == x - s for x in row.slots[p : min(p + ps, L)])
-        lo = next((p for p in range(row.shared, L, ps) if ok(p)), None)
+        lo = next((p for p in range(row.shared, L, ps) if self._segment_page_ok(row, p)), None)
         if lo is None:
             return None
         hi = lo
-        while hi < L and ok(hi):
+        while hi < L and self._segment_page_ok(row, hi):
             hi = min(hi + ps, L)
         return lo, hi
 
     def _segment_evictable(self) -> list[int]:
-        return self._cached_for_step("segment", lambda: [r for r in self._live if self._segment_span(r)])
+        def has_span(rid: int) -> bool:
+            # The rows that have a span, asked before every step: the window keeps a
+            # row's last pages, so look from the end (the span itself only for the row drawn).
+            row, ps = self.ls.rows[rid], self.ls.ps
+            if self.ls.ring:
+                return row.shared < len(row.slots)
+            return any(self._segment_page_ok(row, p) for p in reversed(range(row.shared, len(row.slots), ps)))
+
+        return self._cached_for_step("segment", lambda: [r for r in self._live if has_span(r)])
 
     @precondition(lambda self: self._has_rows() and bool(self._segment_evictable()))
     @rule(data=st.data())
@@ -680,9 +720,9 @@ class LockstepMachine(RuleBasedStateMachine):
             m, ps = self.ls.model, self.ls.ps
             # As at construction, a size need not be whole pages.
             spare = data.draw(st.integers(0, ps - 1)) if ps > 1 and data.draw(st.integers(0, 3)) == 0 else 0
-            size = min(m.built_size, data.draw(st.integers(1, m.built_size // ps), label="full pages") * ps + spare)
+            size = min(m.built_size, data.draw(st.integers(0, m.built_size // ps), label="full pages") * ps + spare)
             size_swa = size if m.pure else min(
-                m.built_size_swa, data.draw(st.integers(1, m.built_size_swa // ps), label="SWA pages") * ps + spare)
+                m.built_size_swa, data.draw(st.integers(0, m.built_size_swa // ps), label="SWA pages") * ps + spare)
             self._go(Resize(size, size_swa))
 
     # ------------------------------------------------------ contract breaks

@@ -79,6 +79,9 @@ class Repair(Step):
     lo: int
     n: int
     offset: int
+    # The SWA indices as a cache keeps them (an int32 copy of a kv row), not as the
+    # sub-allocator returned them.
+    swa_int32: bool = False
 
 
 @dataclass(frozen=True)
@@ -326,7 +329,7 @@ def step_from_json(data: Any) -> Step:
             if not isinstance(v, list) or not v or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
                 raise StepFormatError(f.name, f"must be a non-empty list of integers, got {v!r}")
             kwargs[f.name] = tuple(v)
-        elif f.name == "interleave":
+        elif f.name in ("interleave", "swa_int32"):
             if not isinstance(data[f.name], bool):
                 raise StepFormatError(f.name, f"must be true or false, got {data[f.name]!r}")
             kwargs[f.name] = data[f.name]

@@ -42,11 +42,12 @@ def _fails_after_accepting(config):
 SCENARIOS = {
     # id: (config, steps, target, exact label counts)
     "paged workload": (hybrid(4), [
-        Admit(((0, 5), (1, 8))), Extend(((0, 2), (1, 1))), Decode((0, 1)), Evict(0, 0, 4), Repair(0, 0, 3, 1),
+        Admit(((0, 5), (1, 8))), Extend(((0, 2), (1, 1))), Decode((0, 1)), Evict(0, 0, 4), Repair(0, 0, 3, 1, True),
         Finish(0, "segments"), DropTail(1, 4), Finish(1, "split"),
     ], None, {
         "extend from a prefix inside a page": 1,  # request 0 from 5; request 1 from 8 is aligned
         "window evicted": 1, "evicted then re-paired": 1, "re-paired from inside an SWA page": 1,
+        "re-paired from int32 SWA indices": 1,
         "finished by segments": 1, "freed by free_segments": 1, "tail dropped": 1,
         "finished by free": 1,  # every page of request 1 still paired: one free
     }),
