@@ -11,6 +11,7 @@ a refused call is held to the target's raw state as it was before the call.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import traceback
 import types
@@ -1430,7 +1431,7 @@ class Lockstep:
             own = row.slots[row.shared :]
             idx = row.view(row.shared, len(row.slots))
             self._cover("get_cpu_copy", f"positions {bucket(len(own))}")
-            ran, copy = self._invoke(f"get_cpu_copy(request {r})", lambda: a.get_cpu_copy(idx), None)
+            ran, copy = self._host_copy("get_cpu_copy", r, lambda kw: a.get_cpu_copy(idx, **kw))
             paired = [False] * len(own) if self.ring else [s in self.model.peer for s in own]
             saved[r] = _Retracted(len(row.slots), row.shared, row.src, copy, paired)
         by_call: dict[str, list[tuple[int, int, int]]] = {}
@@ -1484,9 +1485,58 @@ class Lockstep:
             own = row.slots[saved.shared :]
             idx = row.view(saved.shared, saved.length)
             self._cover("load_cpu_copy", f"positions {bucket(len(own))}")
-            self._invoke(f"load_cpu_copy(request {r})", lambda: a.load_cpu_copy(saved.copy, idx), None)
+            self._host_copy("load_cpu_copy", r, lambda kw: a.load_cpu_copy(saved.copy, idx, **kw))
             self._check_loaded(r, saved, own)
         self.labels["resumed"] += 1
+
+    def _host_copy(self, method: str, rid: int, call) -> tuple[bool, object]:
+        """One host copy call (`get_cpu_copy` or `load_cpu_copy`) for a request, with
+        the request's arguments a scheduler passes (its row in the request pool and its
+        mamba state's indices): the allocator must hand them on to its KV pool's
+        method, since a pool that keeps state per request (a hybrid mamba pool) copies
+        by them (kv.integrity)."""
+        slot = self.rows[rid].req_slot
+        index = rid if slot is None else slot
+        sent = {"mamba_indices": torch.tensor([index], dtype=torch.int64, device=self.device), "req_pool_index": index}
+        what = f"{method}(request {rid})"
+        getter = getattr(self.alloc, "get_kvcache", None)
+        kv = getter() if callable(getter) else None
+        inner = getattr(kv, method, None)
+        own = getattr(kv, "__dict__", None)
+        if not callable(inner) or own is None:
+            return self._invoke(what, lambda: call(sent), None)
+        had = own.get(method)
+        received = []
+
+        def recording(*args, **kwargs):
+            received.append((args, kwargs))
+            return inner(*args, **kwargs)
+
+        setattr(kv, method, recording)
+        try:
+            ran, result = self._invoke(what, lambda: call(sent), None)
+        finally:
+            if had is None:
+                delattr(kv, method)
+            else:
+                setattr(kv, method, had)
+        if ran and received:
+            self.labels["host copy's request arguments checked"] += 1
+            params = inspect.signature(inner)
+            for args, kwargs in received:
+                try:
+                    got = params.bind(*args, **kwargs).arguments
+                except TypeError:
+                    continue  # a call the pool itself refused has already failed the step
+                for name, want in sent.items():
+                    have = got.get(name)
+                    same = (isinstance(have, torch.Tensor) and have.shape == want.shape
+                            and torch.equal(have.cpu(), want.cpu())) if isinstance(want, torch.Tensor) else have == want
+                    if not same:
+                        self._fail(Violation(names.KV_INTEGRITY, (
+                            f"{what} was given {name}={want!r}, and passed {name}={have!r} to its KV pool's "
+                            f"{method}: a pool that keeps state per request copies another request's")))
+        return ran, result
 
     def _check_loaded(self, rid: int, saved: _Retracted, own: list[int]) -> None:
         """After a load-back, the full KV and the SWA KV that each position resolves to

@@ -61,6 +61,7 @@ SCENARIOS = {
         "retracted": 1,
         "retracted a batch": 1,
         "resumed": 1,
+        "host copy's request arguments checked": 4,  # two copies out, two back
         "decode onto a new page": 1,  # request 1 at 4
     }),
     "cache evictions over several entries": (hybrid(2), [
@@ -188,6 +189,14 @@ class _ResizeKeepsSubSize(SWATokenToKVPoolAllocator):
             sub.num_pages = pages
 
 
+class _HostCopyDropsRequest(SWATokenToKVPoolAllocator):
+    """get_cpu_copy hands its KV pool the indices only: the request's row in the
+    request pool (req_pool_index) is lost on the way."""
+
+    def get_cpu_copy(self, indices, mamba_indices=None, req_pool_index=None):
+        return self.get_kvcache().get_cpu_copy(indices, mamba_indices=mamba_indices)
+
+
 class _TranslateInt32(SWATokenToKVPoolAllocator):
     """translate_loc_from_full_to_swa hands attention int32 slot ids."""
 
@@ -262,6 +271,7 @@ def _rebound(cls):
     (_rebound(_EmptyDecodeNone), hybrid(4), [Empty("alloc_decode")], names.CAPACITY),
     (_load_skips_swa, hybrid(1), [Prefill(((0, NEW, 0, 3),)), Retract((0,)), Prefill(((1, NEW, 0, 3),)), Resume((0,))], names.KV_INTEGRITY),
     (_stale_mapping, hybrid(1), [Prefill(((0, NEW, 0, 3),))], names.KV_RESOLVE),
+    (_rebound(_HostCopyDropsRequest), hybrid(2), [Prefill(((0, NEW, 0, 3),)), Retract((0,))], names.KV_INTEGRITY),
     (_int32, hybrid(1), [Prefill(((0, NEW, 0, 2),))], names.DTYPE),
     (_rebound(_TranslateInt32), hybrid(1), [Prefill(((0, NEW, 0, 2),))], names.DTYPE),
     (_rebound(_TranslateClampsNoPrefix), hybrid(4), [Prefill(((0, NEW, 0, 2),))], names.SENTINEL),
