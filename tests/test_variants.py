@@ -26,8 +26,11 @@ SEEDS = (0, 1, 2, 3, 4)
 # Examples per (variant, seed); the worst measured is reported beside it. 1000 was
 # raised when the harness's new checks moved the searches' draws (hypothesis mixes the
 # project's literal constants into them) and decode_pages_sorted_order went past 1000
-# on one seed.
-BUDGET = 1500
+# on one seed. 2500 when busy servers began to draw serving and production pools, and
+# seed_tail_zero_stale took 1,599 counted draws on one seed (it needs a tolerated
+# free_full and a recycled page; a larger pool recycles later). A found variant stops
+# early, so the budget costs time only where a search is near it.
+BUDGET = 2500
 
 # Variants the machine did not find on every seed within BUDGET, with the chain of
 # moves each needs (the seeds measured are in the README). Not strict: a generator change moves what
