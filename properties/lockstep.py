@@ -732,7 +732,7 @@ class Lockstep:
                      ("swa_attn_allocator", None if self.ring else m.size_swa, "swa_kv_pool")]
         # A hybrid that has a dtype answers for its sub-allocators' dtype, a None too.
         has_dtype, want_dtype = hasattr(a, "dtype"), getattr(a, "dtype", None)
-        out = []
+        out = self._check_need_sort("the allocator", a)
         if hasattr(a, "device") and not _same_device(a.device, self.device):
             out.append(Violation(names.DTYPE, f"the allocator's device is {a.device!r}, its mapping's is {self.device}"))
         # In ring mode a scheduler's prefill budget reads the ring's cost per request.
@@ -749,6 +749,7 @@ class Lockstep:
             sub = getattr(a, name, None)
             if sub is None:
                 continue
+            out += self._check_need_sort(name, sub)
             facts = observe.sub_facts(sub)
             wants = {"page_size": self.ps}
             if size is not None:
@@ -766,6 +767,17 @@ class Lockstep:
             if sub_pool is not None and "kvcache" in facts and facts["kvcache"] is not sub_pool:
                 out.append(Violation(names.KV_RESOLVE, f"{name}.get_kvcache() is not the KV pool's {pool}: its slots index another pool"))
         return out
+
+    def _check_need_sort(self, name: str, allocator) -> list[Violation]:
+        """`need_sort` (SPEC 2.3) is the reuse policy the pool was built with: a bool,
+        the configuration's. A None would read as False, and its free lists would be
+        merged unsorted where the configuration asked for sorting."""
+        if not hasattr(allocator, "need_sort"):
+            return []
+        got, want = allocator.need_sort, bool(self.config.get("need_sort"))
+        if isinstance(got, bool) and got == want:
+            return []
+        return [Violation(names.CAPACITY, f"{name}'s need_sort is {got!r}, the configuration's is {want}")]
 
     def census(self) -> None:
         try:

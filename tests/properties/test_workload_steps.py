@@ -283,6 +283,8 @@ def _rebound(cls):
     (_fact(None, dtype=None), hybrid(4), [Prefill(((0, NEW, 0, 2),))], names.DTYPE),
     (_fact("swa_attn_allocator", device="meta"), hybrid(4), [Prefill(((0, NEW, 0, 2),))], names.DTYPE),
     (_fact("swa_attn_allocator", kvcache=lambda a: a.get_kvcache().full_kv_pool), hybrid(2), [Prefill(((0, NEW, 0, 2),))], names.KV_RESOLVE),
+    (_fact(None, need_sort=None), hybrid(4, need_sort=True), [Prefill(((0, NEW, 0, 2),))], names.CAPACITY),
+    (_fact("full_attn_allocator", need_sort=True), hybrid(1), [Prefill(((0, NEW, 0, 2),))], names.CAPACITY),
 ])
 def test_driver_names_the_fault(target, config, steps, invariant):
     with pytest.raises(LockstepFailure) as info:
