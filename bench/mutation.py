@@ -112,6 +112,12 @@ def _order(name: str):
     return stem, int(n) if n.isdigit() else 0
 
 
+def not_killed(results: dict[str, object], keep=lambda name: True) -> list[str]:
+    """The mutants of `results` that were run and not killed, and that `keep` keeps, in
+    source order."""
+    return sorted((n for n, code in results.items() if status_of(code) not in ("killed", "not run") and keep(n)), key=_order)
+
+
 def refresh_harness() -> None:
     """Copy the harness into mutants/ again. mutmut copies its ``also_copy`` paths only
     when it creates mutants/, so without this a run after a change to properties/ (or
@@ -340,8 +346,7 @@ def main(argv=None) -> int:
             if not results:
                 p.error(f"no mutmut results under mutants/ to choose from; run once without {flag} first")
             keep = (lambda n: n not in marks) if args.unclassified else (lambda n: marks.get(n) != "equivalent")
-            names = sorted((n for n, code in results.items()
-                            if status_of(code) not in ("killed", "not run") and keep(n)), key=_order)
+            names = not_killed(results, keep)
             if not names:
                 p.error(f"{flag}: the last results hold no mutant that is not killed and "
                         + ("not listed in bench/mutation_survivors.md" if args.unclassified else "not shown equivalent"))
@@ -358,9 +363,7 @@ def main(argv=None) -> int:
     if args.triton:
         marks, results = classified(), load_results(args.files)
         layout_fns = triton_functions(args.files)
-        alive = sorted((n for n, code in results.items()
-                        if status_of(code) not in ("killed", "not run") and marks.get(n) != "equivalent"
-                        and _function_of(n) in layout_fns), key=_order)
+        alive = not_killed(results, lambda n: marks.get(n) != "equivalent" and _function_of(n) in layout_fns)
         print(f"--triton: {len(alive)} mutants left alive by the lockstep tests, against {TRITON_TEST}")
         if not alive:
             p.error("--triton: the last results leave no mutant alive in a function that names the Triton layout")

@@ -73,6 +73,13 @@ from properties.test_lockstep_property import test_lockstep as _installed_test  
 _CI_SEARCH: dict[str, Counter] = {}
 
 
+def _reach(run) -> tuple[Counter, Counter]:
+    """The coverage labels and cells that `run()` reached."""
+    labels, shapes = Counter(LABELS_SEEN), Counter(SHAPES_SEEN)
+    run()
+    return LABELS_SEEN - labels, SHAPES_SEEN - shapes
+
+
 def _is_the_ci_search(current: settings) -> bool:
     ci = settings.get_profile("ci")
     return current.database is None and all(
@@ -84,10 +91,9 @@ def test_lockstep(target_spec, device):
     """The bundled impl (or --target) keeps every invariant of SPEC 3.3 under the
     workload: the installed test module that `pytest --pyargs
     properties.test_lockstep_property` runs from any directory, run here too."""
-    labels, shapes = Counter(LABELS_SEEN), Counter(SHAPES_SEEN)
-    _installed_test(target_spec, device)
+    labels, shapes = _reach(lambda: _installed_test(target_spec, device))
     if target_spec == "impl" and device == "cpu" and _is_the_ci_search(settings.default):
-        _CI_SEARCH.update(labels=LABELS_SEEN - labels, shapes=SHAPES_SEEN - shapes)
+        _CI_SEARCH.update(labels=labels, shapes=shapes)
 
 
 def test_coverage_labels_and_cells_reached():
@@ -97,10 +103,8 @@ def test_coverage_labels_and_cells_reached():
         # test_lockstep ran that very search in this session (under CI=true): read it.
         labels, shapes = _CI_SEARCH["labels"], _CI_SEARCH["shapes"]
     else:
-        before_labels, before_shapes = Counter(LABELS_SEEN), Counter(SHAPES_SEEN)
         # The claim is about the ci profile, whichever profile this run loaded.
-        run_state_machine_as_test(machine_for(resolve("impl")), settings=settings.get_profile("ci"))
-        labels, shapes = LABELS_SEEN - before_labels, SHAPES_SEEN - before_shapes
+        labels, shapes = _reach(lambda: run_state_machine_as_test(machine_for(resolve("impl")), settings=settings.get_profile("ci")))
     absent = [label for label in REQUIRED_LABELS if not labels[label]]
     assert not absent, f"labels never reached: {absent}; reached: {sorted(labels)}"
     assert not missing(shapes), render(shapes)
