@@ -1,5 +1,5 @@
-"""How many examples reach the coverage table's rarest cells, four of them required
-(a benchmark of the generator's reach, not CI).
+"""How many examples reach the coverage table's rarest cells, four of them required,
+and a radix cache's share of the workload (a benchmark of the generator's reach, not CI).
 
     python bench/reach.py [--examples N] [--runs R]
 
@@ -38,6 +38,16 @@ RARE = (
     ("alloc_decode", "batch 17+, short: swa"),
     ("alloc_decode", "batch 17+, short: full"),
     ("alloc", "batch 17+, short: swa"),
+    # A radix cache's evictions over several entries (the first is required).
+    ("free_full", "pieces: several requests"),
+    ("free_swa", "pieces: several requests"),
+)
+# A radix cache's share: entries made, hit, shared while in use, taken over.
+LABELS = (
+    "finished into the cache",
+    "prefill: cache hit",
+    "prefill: cache hit on a prefix in use",
+    "prefill: cached entry taken over mid-page",
 )
 
 
@@ -57,6 +67,8 @@ def main(argv=None) -> int:
             examples += 1
             reached.update(cell for cell in RARE if SHAPES_SEEN[cell])
             SHAPES_SEEN.clear()
+            if self.ls is not None:
+                reached.update(label for label in LABELS if self.ls.labels[label])
             super().teardown()
 
     s = settings(settings.get_profile("ci"), max_examples=args.examples, derandomize=False,
@@ -69,9 +81,12 @@ def main(argv=None) -> int:
     wall = time.monotonic() - t0
     print(f"examples {examples} ({args.runs} runs of {args.examples}), {wall:.0f} s")
     for method, cell in RARE:
-        print(f"  {method} [{cell}]".ljust(44) + f"{reached[(method, cell)]}")
+        print(f"  {method} [{cell}]".ljust(48) + f"{reached[(method, cell)]}")
+    for label in LABELS:
+        print(f"  {label}".ljust(48) + f"{reached[label]}")
     print(json.dumps({"bench": "reach", "examples": examples, "wall_s": round(wall, 1),
-                      "reached": {f"{m} [{c}]": reached[(m, c)] for m, c in RARE}}))
+                      "reached": {**{f"{m} [{c}]": reached[(m, c)] for m, c in RARE},
+                                  **{label: reached[label] for label in LABELS}}}))
     return 0
 
 

@@ -1394,6 +1394,8 @@ class Lockstep:
             row.append(entry.view(0, prefix))
             if r not in takeovers:
                 row.shared, row.src = prefix, src
+                if self.locks[src]:
+                    self.labels["prefill: cache hit on a prefix in use"] += 1
                 self.locks[src] += 1
         batch = [b for b in batch if b[0] in self.rows]  # new ones without a request slot wait
         if not batch:

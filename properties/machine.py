@@ -254,6 +254,15 @@ class LockstepMachine(RuleBasedStateMachine):
 
         return self._cached_for_step("evictable", compute)
 
+    def _hittable(self, e: int) -> bool:
+        """Whether a prompt can hit cached entry `e`: share a page-aligned prefix of it
+        (any entry of a page or more), or take over an unlocked entry whole, which
+        ends mid-page only where its last position keeps its peer (continuable)."""
+        slots = self.ls.cache[e].slots
+        if self.ls.locks[e]:
+            return len(slots) >= self.ls.ps
+        return len(slots) % self.ls.ps == 0 or self.ls.continuable(slots)
+
     def _cached(self) -> list[int]:
         return sorted(r for r in self.ls.cache if not self.ls.locks[r])
 
@@ -326,7 +335,9 @@ class LockstepMachine(RuleBasedStateMachine):
         size = data.draw(st.integers(1, 4) if data.draw(st.integers(0, 3)) else st.integers(1, BATCH_MAX), label="batch size")
         budget = None if data.draw(st.integers(0, 3), label="over budget") == 3 else self._room() // ps
         live = [r for r in self._live if self.ls.continuable(self.ls.rows[r].slots)]
-        cached = self._cached()
+        # A prefix in use stays in the cache for other prompts to hit (its lock stops
+        # eviction only), as a system prompt is shared by every request that sends it.
+        cached = sorted(self.ls.cache)
         taken: set[int] = set()
         batch = []
         kinds = ["new"] + (["continue"] if live else []) + (["hit"] if cached else [])
@@ -339,14 +350,17 @@ class LockstepMachine(RuleBasedStateMachine):
                 entry = (r, r, len(self.ls.rows[r].slots))
             else:
                 entry = (self._new_rid(), NEW, 0)
-                free_entries = [e for e in cached if e not in taken and (len(self.ls.cache[e].slots) % ps == 0 or self.ls.continuable(self.ls.cache[e].slots))]
-                if kind == "hit" and free_entries:
-                    e = data.draw(st.sampled_from(free_entries), label="cached entry")
+                hittable = [e for e in cached if e not in taken and self._hittable(e)]
+                if kind == "hit" and hittable:
+                    e = data.draw(st.sampled_from(hittable), label="cached entry")
                     n = len(self.ls.cache[e].slots)
                     prefix = data.draw(st.integers(1, n), label="prefix")
-                    if prefix % ps and prefix != n:
+                    locked = bool(self.ls.locks[e])
+                    if prefix % ps and (prefix != n or locked):
                         prefix -= prefix % ps  # a shared prefix ends on a page boundary
-                    prefix = prefix or n  # an unaligned whole entry is taken over
+                    # Under a page: an unlocked entry is taken over whole (mid-page
+                    # where it ends so); one in use is shared from its first page.
+                    prefix = prefix or (ps if locked else n)
                     taken.add(e)
                     entry = (entry[0], e, prefix)
             if budget is None:
@@ -589,7 +603,15 @@ class LockstepMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def finish(self, data):
         rid = data.draw(st.sampled_from(self._live), label="request")
-        how = data.draw(st.sampled_from(self._finish_hows(rid)), label="how")
+        hows = self._finish_hows(rid)
+        # A server with a radix cache keeps every finished request that may be cached
+        # (so later prompts hit it and its eviction frees many entries' pieces at
+        # once); the other ways out are a server's without one. Uniform over the five,
+        # one finish in five went to the cache and cache hits were rare.
+        if "cache" in hows and data.draw(st.booleans(), label="radix cache"):
+            how = "cache"
+        else:
+            how = data.draw(st.sampled_from(hows), label="how")
         self._go(Finish(rid, how))
 
     def _droppable(self) -> list[int]:

@@ -40,6 +40,23 @@ SCENARIOS = {
         "prefill: cached entry taken over mid-page": 1,
         "extend from a prefix inside a page": 1,  # the take-over continues page 1's last page
     }),
+    "a cached prefix shared by running requests": (hybrid(4), [
+        Prefill(((0, NEW, 0, 8),)),
+        Finish(0, "cache"),
+        Prefill(((1, 0, 4, 6),)),  # its first page
+        Prefill(((2, 0, 8, 9),)),  # all of it, while request 1 still uses the first page
+        Decode((2, 1)),
+        Finish(1, "free"),
+        Finish(2, "free"),
+        CacheFree("free", ((0, 0, 8),)),  # evictable once neither uses it
+    ], {
+        "prefill: new request": 1,
+        "finished into the cache": 1,
+        "prefill: cache hit": 2,
+        "prefill: cache hit on a prefix in use": 1,
+        "finished by free": 2,
+        "cache evicted by free": 1,
+    }),
     "continuations mixed with new requests": (hybrid(1), [
         Prefill(((0, NEW, 0, 3),)),
         Prefill(((1, NEW, 0, 2), (0, 0, 3, 4))),
